@@ -1,0 +1,611 @@
+"""BigArray: an append-only, memory-mapped array of byte items, persisted on disk.
+
+See :mod:`bigarray.format` for the bytes on disk and the crash guarantees.
+
+Thread-safety: every method may be called from any thread. Appends, retention and
+close are serialised by one lock; reads take no array lock (head is the read barrier),
+so many threads read while one appends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from . import format as fmt
+from .errors import (
+    ArrayClosedError,
+    ArrayEmptyError,
+    ArrayLockedError,
+    CorruptArrayError,
+    IndexOutOfRangeError,
+    ItemTooLargeError,
+)
+from .page import DEFAULT_MAX_CACHED_PAGES, DEFAULT_PAGE_TTL_S, MappedPage, PageFactory
+
+log = logging.getLogger(__name__)
+
+_INDEX_ITEM = struct.Struct(fmt.INDEX_ITEM_STRUCT)
+_I64 = struct.Struct(">q")
+_HEAD_TAIL = struct.Struct(">qq")
+
+#: How many items just below head are checked when an array is opened.
+DEFAULT_RECOVERY_CHECK_ITEMS = 4096
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds since the epoch (the default clock)."""
+    return time.time_ns() // 1_000_000
+
+
+class BigArray:
+    """An append-only array of byte items in memory-mapped page files.
+
+    Args:
+        path: the array's own directory (created if missing).
+        data_page_size: bytes per data page; an item may not be larger. An existing
+            array keeps the size it was created with.
+        max_cached_pages: idle pages kept mapped per folder (index and data).
+        page_ttl_s: an idle page is unmapped after this many seconds.
+        clock: returns the append time in ms; timestamps never go backwards.
+        recovery_check_items: items below head checked on open.
+
+    Raises:
+        ArrayLockedError: another process or object has the directory open.
+        CorruptArrayError: the meta page is inconsistent (tail > head).
+    """
+
+    #: ``find_closest_index`` argument for the first readable index (tail).
+    EARLIEST = -1
+    #: ``find_closest_index`` argument for the next index to be appended (head).
+    LATEST = -2
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        data_page_size: int = fmt.DEFAULT_DATA_PAGE_SIZE,
+        max_cached_pages: int = DEFAULT_MAX_CACHED_PAGES,
+        page_ttl_s: float = DEFAULT_PAGE_TTL_S,
+        clock: Callable[[], int] = now_ms,
+        recovery_check_items: int = DEFAULT_RECOVERY_CHECK_ITEMS,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._closed = True
+        os.makedirs(self.path, exist_ok=True)
+        self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._dir_fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ArrayLockedError(
+                    f"array directory {self.path} is already open in another process or object"
+                ) from exc
+            raise
+        try:
+            self.data_page_size = self._load_extras(data_page_size)
+            self._index = PageFactory(
+                os.path.join(self.path, fmt.INDEX_DIR),
+                fmt.INDEX_PAGE_SIZE,
+                max_cached_pages=max_cached_pages,
+                ttl_s=page_ttl_s,
+                dtype=fmt.INDEX_DTYPE,
+            )
+            self._data = PageFactory(
+                os.path.join(self.path, fmt.DATA_DIR),
+                self.data_page_size,
+                max_cached_pages=max_cached_pages,
+                ttl_s=page_ttl_s,
+            )
+            self._meta = PageFactory(os.path.join(self.path, fmt.META_DIR), fmt.META_PAGE_SIZE, max_cached_pages=1)
+            self._meta_page = self._meta.acquire(0, create=True)
+            head, tail = _HEAD_TAIL.unpack_from(self._meta_page.mm, 0)
+            if tail < 0 or head < tail:
+                raise CorruptArrayError(
+                    f"meta page of {self.path} holds head {head}, tail {tail}: tail must be in [0, head]"
+                )
+            self._head: int = head
+            self._tail: int = tail
+            self._closed = False
+            # Writer state: pinned head pages (mapped lazily on the first append).
+            self._data_page: MappedPage | None = None
+            self._index_page: MappedPage | None = None
+            self._last_ts = 0
+            self._recover(recovery_check_items)
+            self._data_page_no, self._data_off = self._derive_write_position()
+            self._delete_pages_below_tail()
+        except BaseException:
+            self._closed = False
+            self._close_files()
+            raise
+
+    # -- properties --------------------------------------------------------------------
+    @property
+    def head(self) -> int:
+        """The next index to be appended."""
+        return self._head
+
+    @property
+    def tail(self) -> int:
+        """The first readable index."""
+        return self._tail
+
+    @property
+    def size(self) -> int:
+        """Number of readable items (head - tail)."""
+        return self._head - self._tail
+
+    @property
+    def is_empty(self) -> bool:
+        """True when no item is readable."""
+        return self._head == self._tail
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    # -- appending ---------------------------------------------------------------------
+    def append(self, item: bytes | bytearray | memoryview) -> int:
+        """Append one item and return its index.
+
+        Raises:
+            ItemTooLargeError: the item is larger than a data page.
+            DiskFullError: a new page file could not be allocated (nothing appended).
+            ArrayClosedError: the array was closed.
+        """
+        n = len(item)
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            if n > self.data_page_size:
+                raise ItemTooLargeError(n, self.data_page_size)
+            page = self._data_page
+            if page is None or self._data_off + n > self.data_page_size:
+                page = self._room_for(n)
+            off = self._data_off
+            page.mm[off : off + n] = item
+            idx = self._head
+            ipage = self._index_page
+            if ipage is None or ipage.page_no != idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS:
+                ipage = self._switch_index_page(idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
+            ts = self._clock()
+            if ts < self._last_ts:
+                ts = self._last_ts
+            self._last_ts = ts
+            _INDEX_ITEM.pack_into(ipage.mm, (idx & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE, page.page_no, off, n, ts)
+            self._data_off = off + n
+            self._head = idx + 1
+            _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, idx + 1)
+            return idx
+
+    def append_many(self, items: Iterable[bytes | bytearray | memoryview]) -> int:
+        """Append items in order, atomically (all or none), and return the first index.
+
+        One lock, one copy per data page, index items written in one numpy pass.
+        Returns ``head`` unchanged when ``items`` is empty.
+
+        Raises:
+            ItemTooLargeError: some item is larger than a data page (nothing appended).
+            DiskFullError: a page could not be allocated (nothing appended).
+        """
+        batch = items if isinstance(items, (list, tuple)) else list(items)
+        count = len(batch)
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            first = self._head
+            if count == 0:
+                return first
+            lengths = np.fromiter(map(len, batch), dtype=np.int64, count=count)
+            longest = int(lengths.max())
+            if longest > self.data_page_size:
+                raise ItemTooLargeError(longest, self.data_page_size)
+            ends = np.cumsum(lengths)
+            records = np.zeros(count, dtype=fmt.INDEX_DTYPE)
+            i = 0
+            while i < count:
+                base = int(ends[i - 1]) if i else 0
+                page = self._data_page
+                room = self.data_page_size - self._data_off if page is not None else 0
+                j = int(np.searchsorted(ends, base + room, side="right"))
+                if j == i:
+                    page = self._room_for(int(lengths[i]))
+                    continue
+                assert page is not None
+                off = self._data_off
+                chunk = int(ends[j - 1]) - base
+                page.mm[off : off + chunk] = b"".join(batch if (i == 0 and j == count) else batch[i:j])
+                records["page"][i:j] = page.page_no
+                records["offset"][i:j] = ends[i:j] - lengths[i:j] + (off - base)
+                self._data_off = off + chunk
+                i = j
+            records["length"] = lengths
+            ts = self._clock()
+            if ts < self._last_ts:
+                ts = self._last_ts
+            self._last_ts = ts
+            records["timestamp"] = ts
+            idx, k = first, 0
+            while k < count:
+                page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
+                ipage = self._index_page
+                if ipage is None or ipage.page_no != page_no:
+                    ipage = self._switch_index_page(page_no)
+                slot = idx & fmt.INDEX_SLOT_MASK
+                m = min(count - k, fmt.INDEX_ITEMS_PER_PAGE - slot)
+                assert ipage.view is not None
+                ipage.view[slot : slot + m] = records[k : k + m]
+                k += m
+                idx += m
+            self._head = first + count
+            _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, first + count)
+            return first
+
+    # -- reading -----------------------------------------------------------------------
+    def get(self, index: int) -> bytes:
+        """Return the item at ``index``.
+
+        Raises:
+            IndexOutOfRangeError: ``index`` is outside [tail, head).
+        """
+        page_no, off, length, _ = self._index_item(index)
+        try:
+            with self._data.using(page_no) as page:
+                return page.mm[off : off + length]
+        except FileNotFoundError:
+            raise IndexOutOfRangeError(index, self._tail, self._head) from None
+
+    def item_length(self, index: int) -> int:
+        """Length in bytes of the item at ``index``."""
+        return self._index_item(index)[2]
+
+    def timestamp(self, index: int) -> int:
+        """Append time of the item at ``index``, in ms since the epoch."""
+        return self._index_item(index)[3]
+
+    def read_range(self, start: int, *, max_items: int | None = None, max_bytes: int | None = None) -> list[bytes]:
+        """Read consecutive items from ``start``.
+
+        Returns at most ``max_items`` items whose summed length is at most
+        ``max_bytes``, but always at least one item when ``start`` is readable (so an
+        item larger than ``max_bytes`` never blocks a reader). Returns ``[]`` when
+        ``start == head``.
+
+        Raises:
+            IndexOutOfRangeError: ``start`` is outside [tail, head].
+        """
+        self._check_open()
+        head = self._head
+        if start == head and start >= self._tail:
+            return []
+        if start < self._tail or start > head:
+            raise IndexOutOfRangeError(start, self._tail, head)
+        n = head - start
+        if max_items is not None:
+            n = min(n, max(1, max_items))
+        try:
+            records = self._index_records(start, n)
+            lengths = records["length"].astype(np.int64)
+            if max_bytes is not None:
+                k = max(1, int(np.searchsorted(np.cumsum(lengths), max_bytes, side="right")))
+                if k < n:
+                    records, lengths, n = records[:k], lengths[:k], k
+            pages = records["page"].astype(np.int64)
+            offsets = records["offset"].astype(np.int64)
+            cuts = (np.flatnonzero(pages[1:] != pages[:-1]) + 1).tolist()
+            out: list[bytes] = []
+            for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+                first_off = int(offsets[a])
+                end_off = int(offsets[b - 1] + lengths[b - 1])
+                with self._data.using(int(pages[a])) as page:
+                    blob = page.mm[first_off:end_off]
+                starts = offsets[a:b] - first_off
+                out.extend(map(blob.__getitem__, map(slice, starts.tolist(), (starts + lengths[a:b]).tolist())))
+            return out
+        except FileNotFoundError:
+            # Retention removed pages under us.
+            raise IndexOutOfRangeError(start, self._tail, self._head) from None
+
+    def find_closest_index(self, timestamp_ms: int) -> int:
+        """Index whose append time is closest to ``timestamp_ms`` (ties: the earlier).
+
+        ``EARLIEST`` (-1) gives tail and ``LATEST`` (-2) gives head.
+
+        Raises:
+            ArrayEmptyError: a real timestamp was given and the array is empty.
+        """
+        self._check_open()
+        if timestamp_ms == self.EARLIEST:
+            return self._tail
+        if timestamp_ms == self.LATEST:
+            return self._head
+        tail, head = self._tail, self._head
+        if tail == head:
+            raise ArrayEmptyError(f"array {self.path} is empty: no index is close to {timestamp_ms}")
+        pos = tail + bisect.bisect_left(range(tail, head), timestamp_ms, key=self.timestamp)
+        if pos == tail:
+            return tail
+        if pos == head:
+            return head - 1
+        before, after = self.timestamp(pos - 1), self.timestamp(pos)
+        return pos - 1 if timestamp_ms - before <= after - timestamp_ms else pos
+
+    # -- retention ---------------------------------------------------------------------
+    def remove_before_index(self, index: int) -> None:
+        """Make ``index`` the new tail and delete the pages wholly before it.
+
+        Indexes at or below the current tail are a no-op.
+
+        Raises:
+            IndexOutOfRangeError: ``index`` is beyond head.
+        """
+        with self._lock:
+            self._check_open()
+            if index > self._head:
+                raise IndexOutOfRangeError(index, self._tail, self._head)
+            if index <= self._tail:
+                return
+            self._tail = index
+            _I64.pack_into(self._meta_page.mm, fmt.META_TAIL_OFFSET, index)
+            self._delete_pages_below_tail()
+
+    def remove_before(self, timestamp_ms: int) -> None:
+        """Remove every item appended before ``timestamp_ms`` (ms since the epoch)."""
+        with self._lock:
+            self._check_open()
+            tail, head = self._tail, self._head
+            first_kept = tail + bisect.bisect_left(range(tail, head), timestamp_ms, key=self.timestamp)
+            self.remove_before_index(first_kept)
+
+    def limit_back_file_size(self, max_bytes: int) -> None:
+        """Delete the oldest data pages until the page files take at most ``max_bytes``.
+
+        The page being written is never deleted, so the files may stay above a very
+        small limit.
+        """
+        with self._lock:
+            self._check_open()
+            while self.back_file_size() > max_bytes and self._tail < self._head:
+                oldest_page = self._index_item(self._tail)[0]
+                if oldest_page >= self._data_page_no:
+                    break
+                tail, head = self._tail, self._head
+                keep = bisect.bisect_left(range(tail, head), oldest_page + 1, key=lambda i: self._index_item(i)[0])
+                self.remove_before_index(tail + keep)
+
+    def back_file_size(self) -> int:
+        """Bytes taken by the index and data page files."""
+        return self._index.total_file_size() + self._data.total_file_size()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every mapped page back to disk (msync). Appends survive a process
+        crash without it; flush protects against a machine crash."""
+        with self._lock:
+            self._check_open()
+            self._data.flush()
+            self._index.flush()
+            self._meta_page.flush()
+
+    def expire_idle_pages(self) -> None:
+        """Unmap pages that have been idle longer than the TTL."""
+        with self._lock:
+            if not self._closed:
+                self._index.expire_idle()
+                self._data.expire_idle()
+
+    def mapped_page_count(self) -> int:
+        """Index and data pages mapped right now (cached or in use)."""
+        return self._index.mapped_count() + self._data.mapped_count()
+
+    def close(self) -> None:
+        """Flush, unmap everything and release the directory. Closing twice is fine."""
+        with self._lock:
+            if self._closed:
+                return
+            self._close_files()
+
+    def __enter__(self) -> BigArray:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"tail={self._tail} head={self._head}"
+        return f"<BigArray {self.path!r} {state}>"
+
+    # -- internals ---------------------------------------------------------------------
+    def _closed_error(self) -> ArrayClosedError:
+        return ArrayClosedError(f"array {self.path} is closed")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise self._closed_error()
+
+    def _close_files(self) -> None:
+        self._closed = True
+        for name in ("_index", "_data", "_meta"):
+            factory = getattr(self, name, None)
+            if factory is not None:
+                factory.close()
+        self._data_page = self._index_page = None
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
+        with contextlib.suppress(OSError):
+            os.close(self._dir_fd)
+
+    def _load_extras(self, requested: int) -> int:
+        """Return the data page size: stored in our extras file, else inferred from an
+        existing (Java-written) data page, else ``requested``; then record it."""
+        path = os.path.join(self.path, fmt.EXTRAS_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                extras = json.load(f)
+            size = int(extras["data_page_size"])
+            if size != requested:
+                log.info("array %s keeps its data page size of %d bytes (asked for %d)", self.path, size, requested)
+        except FileNotFoundError:
+            size = requested
+            data_dir = os.path.join(self.path, fmt.DATA_DIR)
+            with contextlib.suppress(FileNotFoundError):
+                for name in sorted(os.listdir(data_dir)):
+                    if fmt.parse_page_file_name(name) is not None:
+                        size = os.stat(os.path.join(data_dir, name)).st_size
+                        log.info("array %s: data page size %d taken from its existing page %s", self.path, size, name)
+                        break
+            tmp = path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"format_version": fmt.FORMAT_VERSION, "data_page_size": size}, f)
+            os.replace(tmp, path)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptArrayError(f"cannot read {path}: {exc}") from exc
+        if not fmt.MIN_DATA_PAGE_SIZE <= size <= fmt.MAX_DATA_PAGE_SIZE:
+            raise ValueError(
+                f"data page size {size} is outside [{fmt.MIN_DATA_PAGE_SIZE}, {fmt.MAX_DATA_PAGE_SIZE}] bytes"
+            )
+        return size
+
+    def _index_item(self, index: int) -> tuple[int, int, int, int]:
+        """(data page, offset, length, timestamp) of a readable index."""
+        self._check_open()
+        if not self._tail <= index < self._head:
+            raise IndexOutOfRangeError(index, self._tail, self._head)
+        try:
+            with self._index.using(index >> fmt.INDEX_ITEMS_PER_PAGE_BITS) as page:
+                item: tuple[int, int, int, int] = _INDEX_ITEM.unpack_from(
+                    page.mm, (index & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
+                )
+                return item
+        except FileNotFoundError:
+            raise IndexOutOfRangeError(index, self._tail, self._head) from None
+
+    def _index_records(self, start: int, n: int) -> np.ndarray[Any, Any]:
+        """A copy of the index records [start, start + n) (may span index pages)."""
+        parts = []
+        idx, remaining = start, n
+        while remaining:
+            slot = idx & fmt.INDEX_SLOT_MASK
+            m = min(remaining, fmt.INDEX_ITEMS_PER_PAGE - slot)
+            with self._index.using(idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS) as page:
+                assert page.view is not None
+                parts.append(page.view[slot : slot + m].copy())
+            idx += m
+            remaining -= m
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _room_for(self, n: int) -> MappedPage:
+        """Make the head data page one with ``n`` free bytes, rolling to a new page."""
+        if self._data_page is None:
+            self._data_page = self._data.acquire(self._data_page_no, create=True)
+        if self._data_off + n > self.data_page_size:
+            new_page = self._data.acquire(self._data_page_no + 1, create=True)
+            self._data.release(self._data_page)
+            self._data_page = new_page
+            self._data_page_no += 1
+            self._data_off = 0
+        return self._data_page
+
+    def _switch_index_page(self, page_no: int) -> MappedPage:
+        new_page = self._index.acquire(page_no, create=True)
+        if self._index_page is not None:
+            self._index.release(self._index_page)
+        self._index_page = new_page
+        return new_page
+
+    def _derive_write_position(self) -> tuple[int, int]:
+        """The head data page and offset: just after item head - 1, or a fresh page."""
+        if self._head > 0:
+            try:
+                page_no, off, length, ts = self._raw_index_item(self._head - 1)
+                if self._data.exists(page_no):
+                    self._last_ts = ts
+                    return page_no, off + length
+            except FileNotFoundError:
+                pass
+        existing = self._data.page_numbers()
+        return (existing[-1] + 1 if existing else 0), 0
+
+    def _raw_index_item(self, index: int) -> tuple[int, int, int, int]:
+        with self._index.using(index >> fmt.INDEX_ITEMS_PER_PAGE_BITS) as page:
+            item: tuple[int, int, int, int] = _INDEX_ITEM.unpack_from(
+                page.mm, (index & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
+            )
+            return item
+
+    def _recover(self, check_items: int) -> None:
+        """Roll head back to the last valid item among the last ``check_items``."""
+        head, tail = self._head, self._tail
+        start = max(tail, head - max(check_items, 1))
+        if start == head:
+            return
+        first_bad = head
+        records = []
+        idx = start
+        while idx < head:
+            page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
+            slot = idx & fmt.INDEX_SLOT_MASK
+            m = min(head - idx, fmt.INDEX_ITEMS_PER_PAGE - slot)
+            if self._index.file_size(page_no) < fmt.INDEX_PAGE_SIZE:
+                first_bad = idx
+                break
+            with self._index.using(page_no) as page:
+                assert page.view is not None
+                records.append(page.view[slot : slot + m].copy())
+            idx += m
+        if records:
+            rec = np.concatenate(records)
+            pages = rec["page"].astype(np.int64)
+            offsets = rec["offset"].astype(np.int64)
+            lengths = rec["length"].astype(np.int64)
+            sizes = {int(p): self._data.file_size(int(p)) for p in np.unique(pages) if p >= 0}
+            page_sizes = np.array([sizes.get(int(p), -1) for p in pages], dtype=np.int64)
+            ok = (pages >= 0) & (offsets >= 0) & (lengths >= 0) & (offsets + lengths <= page_sizes)
+            # Consecutive items are laid out back to back, or the next starts a later page.
+            same_page = pages[1:] == pages[:-1]
+            follows = np.where(
+                same_page, offsets[1:] == offsets[:-1] + lengths[:-1], (pages[1:] > pages[:-1]) & (offsets[1:] == 0)
+            )
+            ok[1:] &= follows
+            bad = np.flatnonzero(~ok)
+            if bad.size:
+                first_bad = min(first_bad, start + int(bad[0]))
+        if first_bad < head:
+            log.warning(
+                "array %s: dropped %d damaged item(s) at the end (indexes %d..%d); head rolled back to %d",
+                self.path,
+                head - first_bad,
+                first_bad,
+                head - 1,
+                first_bad,
+            )
+            self._head = first_bad
+            _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, first_bad)
+            self._meta_page.flush()
+
+    def _delete_pages_below_tail(self) -> None:
+        """Delete index and data pages that hold only items below tail."""
+        tail = self._tail
+        self._index.delete_pages_before(tail >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
+        first_data_page = self._index_item(tail)[0] if tail < self._head else self._data_page_no
+        self._data.delete_pages_before(first_data_page)

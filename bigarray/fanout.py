@@ -1,0 +1,341 @@
+"""FanoutQueue: a BigArray with one persistent read position per consumer group.
+
+Every group sees every item; within a group each item is handed to exactly one caller
+of :meth:`FanoutQueue.dequeue` / :meth:`FanoutQueue.dequeue_many`. A group's position
+lives in ``front_index_<group>/page-0.dat`` (8 bytes, big-endian next index), as in
+bigqueue's FanOutQueueImpl, and is written before the items are returned
+(at-most-once: a crash after the write loses the in-flight items for that group, never
+hands them out twice).
+
+Thread-safety: every method may be called from any thread; calls for one group are
+serialised by that group's lock, different groups run in parallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+from . import format as fmt
+from .array import BigArray
+from .errors import ArrayClosedError, IndexOutOfRangeError
+from .names import validate_name
+from .page import MappedPage, PageFactory
+
+log = logging.getLogger(__name__)
+
+_I64 = struct.Struct(">q")
+
+#: Seconds between automatic clean-ups, when enabled.
+DEFAULT_CLEANUP_INTERVAL_S = 1.0
+
+
+class _Group:
+    __slots__ = ("factory", "lock", "name", "page")
+
+    def __init__(self, name: str, folder: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.factory = PageFactory(folder, fmt.FRONT_PAGE_SIZE, max_cached_pages=1)
+        self.page: MappedPage = self.factory.acquire(0, create=True)
+
+    @property
+    def index(self) -> int:
+        value: int = _I64.unpack_from(self.page.mm, 0)[0]
+        return value
+
+    @index.setter
+    def index(self, value: int) -> None:
+        _I64.pack_into(self.page.mm, 0, value)
+
+    def close(self) -> None:
+        self.factory.close()
+
+
+class FanoutQueue:
+    """A persistent queue that every consumer group reads in full, at its own pace.
+
+    Args:
+        path: the queue's directory (the BigArray's directory).
+        auto_cleanup: if True, pages every group has passed are deleted as groups
+            read on (at most every ``cleanup_interval_s`` seconds). Only enable it
+            when nobody reads by index below the slowest group.
+        cleanup_interval_s: seconds between automatic clean-ups.
+        **array_options: passed to :class:`BigArray` (``data_page_size``, ...).
+    """
+
+    EARLIEST = BigArray.EARLIEST
+    LATEST = BigArray.LATEST
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        auto_cleanup: bool = False,
+        cleanup_interval_s: float = DEFAULT_CLEANUP_INTERVAL_S,
+        **array_options: Any,
+    ) -> None:
+        self.array = BigArray(path, **array_options)
+        self.path = self.array.path
+        self._lock = threading.Lock()
+        self._groups: dict[str, _Group] = {}
+        self._auto_cleanup = auto_cleanup
+        self._cleanup_interval_s = cleanup_interval_s
+        self._next_cleanup = 0.0
+        try:
+            for entry in sorted(os.listdir(self.path)):
+                if not entry.startswith(fmt.FRONT_DIR_PREFIX):
+                    continue
+                name = entry[len(fmt.FRONT_DIR_PREFIX) :]
+                folder = os.path.join(self.path, entry)
+                if not os.path.isdir(folder):
+                    continue
+                try:
+                    validate_name(name, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+                except ValueError as exc:
+                    log.warning("queue %s: ignoring group folder %r: %s", self.path, entry, exc)
+                    continue
+                self._groups[name] = _Group(name, folder)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- appending and array passthrough ------------------------------------------------
+    def enqueue(self, item: bytes | bytearray | memoryview) -> int:
+        """Append one item; return its index."""
+        return self.array.append(item)
+
+    def enqueue_many(self, items: Iterable[bytes | bytearray | memoryview]) -> int:
+        """Append items atomically; return the first index."""
+        return self.array.append_many(items)
+
+    @property
+    def head(self) -> int:
+        """The next index to be appended."""
+        return self.array.head
+
+    @property
+    def tail(self) -> int:
+        """The first readable index."""
+        return self.array.tail
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the underlying array holds no readable item."""
+        return self.array.is_empty
+
+    def get(self, index: int) -> bytes:
+        """The item at ``index`` (reading by index does not move any group)."""
+        return self.array.get(index)
+
+    def read_range(self, start: int, *, max_items: int | None = None, max_bytes: int | None = None) -> list[bytes]:
+        """See :meth:`BigArray.read_range`."""
+        return self.array.read_range(start, max_items=max_items, max_bytes=max_bytes)
+
+    def find_closest_index(self, timestamp_ms: int) -> int:
+        """See :meth:`BigArray.find_closest_index`."""
+        return self.array.find_closest_index(timestamp_ms)
+
+    def timestamp(self, index: int) -> int:
+        """Append time of the item at ``index`` in ms."""
+        return self.array.timestamp(index)
+
+    # -- groups ------------------------------------------------------------------------
+    def dequeue(self, group: str) -> bytes | None:
+        """Take the group's next item, or None when the group has read everything."""
+        items = self.dequeue_many(group, max_items=1)
+        return items[0] if items else None
+
+    def dequeue_many(self, group: str, *, max_items: int | None = None, max_bytes: int | None = None) -> list[bytes]:
+        """Take the group's next items (at least one if any is left; see read_range).
+
+        The group's new position is saved before the items are returned.
+        """
+        g = self._group(group)
+        with g.lock:
+            while True:
+                start = self._front(g)
+                if start >= self.array.head:
+                    items: list[bytes] = []
+                    break
+                try:
+                    items = self.array.read_range(start, max_items=max_items, max_bytes=max_bytes)
+                except IndexOutOfRangeError:
+                    if self.array.closed:
+                        raise
+                    continue  # retention moved the tail under us: start again from it
+                g.index = start + len(items)
+                break
+        if self._auto_cleanup and items:
+            self._maybe_cleanup()
+        return items
+
+    def peek(self, group: str) -> bytes | None:
+        """The group's next item without taking it, or None."""
+        index = self.group_index(group)
+        if index >= self.array.head:
+            return None
+        try:
+            return self.array.get(index)
+        except IndexOutOfRangeError:
+            return self.peek(group)
+
+    def size(self, group: str | None = None) -> int:
+        """Items in the array (no group), or items the group has still to read.
+
+        An unknown group is not created: its size is what a new group would see.
+        """
+        if group is None:
+            return self.array.size
+        return self.array.head - self.group_index(group)
+
+    def group_index(self, group: str) -> int:
+        """The next index the group will read (tail for a new group)."""
+        self._check_open()
+        validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+        g = self._groups.get(group)
+        tail = self.array.tail
+        if g is None:
+            return tail
+        return max(g.index, tail)
+
+    def reset_group(self, group: str, index: int) -> None:
+        """Move the group to ``index`` (tail <= index <= head); creates the group."""
+        g = self._group(group)
+        with g.lock:
+            tail, head = self.array.tail, self.array.head
+            if not tail <= index <= head:
+                raise IndexOutOfRangeError(index, tail, head + 1)
+            g.index = index
+
+    def groups(self) -> list[str]:
+        """Names of the groups that exist, sorted."""
+        with self._lock:
+            return sorted(self._groups)
+
+    def remove_group(self, group: str) -> None:
+        """Forget a group and delete its position file. Unknown groups are a no-op."""
+        validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+        with self._lock:
+            self._check_open()
+            g = self._groups.pop(group, None)
+        if g is not None:
+            with g.lock:
+                g.close()
+                shutil.rmtree(os.path.join(self.path, fmt.FRONT_DIR_PREFIX + group), ignore_errors=True)
+
+    # -- retention ---------------------------------------------------------------------
+    def remove_before_index(self, index: int) -> None:
+        """See :meth:`BigArray.remove_before_index`."""
+        self.array.remove_before_index(index)
+
+    def remove_before(self, timestamp_ms: int) -> None:
+        """See :meth:`BigArray.remove_before`."""
+        self.array.remove_before(timestamp_ms)
+
+    def limit_back_file_size(self, max_bytes: int) -> None:
+        """See :meth:`BigArray.limit_back_file_size`."""
+        self.array.limit_back_file_size(max_bytes)
+
+    def back_file_size(self) -> int:
+        """See :meth:`BigArray.back_file_size`."""
+        return self.array.back_file_size()
+
+    def cleanup(self) -> None:
+        """Delete what every group has read: move tail to the slowest group's position.
+
+        Does nothing when there is no group.
+        """
+        with self._lock:
+            self._check_open()
+            groups = list(self._groups.values())
+        if groups:
+            slowest = min(g.index for g in groups)
+            if slowest > self.array.tail:
+                self.array.remove_before_index(min(slowest, self.array.head))
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def flush(self) -> None:
+        """msync the array and every group position."""
+        self.array.flush()
+        with self._lock:
+            for g in self._groups.values():
+                g.page.flush()
+
+    def close(self) -> None:
+        """Flush and close the array and the groups. Closing twice is fine."""
+        with self._lock:
+            groups = list(self._groups.values())
+            self._groups.clear()
+        for g in groups:
+            with g.lock:
+                g.close()
+        self.array.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self.array.closed
+
+    def __enter__(self) -> FanoutQueue:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<FanoutQueue {self.path!r} groups={self.groups()!r} array={self.array!r}>"
+
+    # -- internals ---------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.array.closed:
+            raise ArrayClosedError(f"queue {self.path} is closed")
+
+    def _group(self, group: str) -> _Group:
+        g = self._groups.get(group)
+        if g is not None:
+            return g
+        validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+        with self._lock:
+            self._check_open()
+            g = self._groups.get(group)
+            if g is None:
+                g = _Group(group, os.path.join(self.path, fmt.FRONT_DIR_PREFIX + group))
+                g.index = max(g.index, self.array.tail)
+                self._groups[group] = g
+            return g
+
+    def _front(self, g: _Group) -> int:
+        """The group's position, moved up to tail (logged) if retention overtook it."""
+        index = g.index
+        tail = self.array.tail
+        if index < tail:
+            log.warning(
+                "queue %s: group %r skipped %d item(s) removed by retention before it read them (index %d -> %d)",
+                self.path,
+                g.name,
+                tail - index,
+                index,
+                tail,
+            )
+            g.index = tail
+            return tail
+        return index
+
+    def _maybe_cleanup(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_cleanup:
+            self._next_cleanup = now + self._cleanup_interval_s
+            with contextlib.suppress(ArrayClosedError):
+                self.cleanup()

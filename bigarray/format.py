@@ -1,0 +1,106 @@
+"""The on-disk format of a big array, declared once.
+
+Compatible with bigqueue 0.7.2 (the storage of Java Luxun): a directory written by
+one opens in the other. All integers are big-endian.
+
+Layout of an array directory ``<path>/``::
+
+    index/page-<N>.dat        index pages; item i lives in page i >> 17
+    data/page-<N>.dat         data pages; N increases monotonically
+    meta_data/page-0.dat      16 bytes: head i64 (next index), tail i64 (first index)
+    front_index_<group>/page-0.dat   8 bytes: the group's next index (FanoutQueue)
+    bigarray.json             our extras (format version, data page size); Java ignores it
+
+Index item, 32 bytes::
+
+    data page number i64 | offset in page i32 | length i32 | append time ms i64 | 8 zero bytes
+
+What survives a crash: an append copies the data, then writes the index item, then
+advances head in the meta page. Head is the commit point and readers never look past
+it, so after ``kill -9`` every append that returned is intact (the kernel keeps the
+dirty mapped pages). Nothing is rebuilt from scratch: on open, the items just below
+head are checked (index page present, data page present, offset and length inside the
+page, items laid out back to back) and head is rolled back to the last valid item.
+The writer's position (data page and offset) is derived from the item at head - 1.
+Page files are pre-allocated to their full size before they are mapped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Bytes per index item.
+INDEX_ITEM_SIZE = 32
+#: log2 of the number of index items in one index page.
+INDEX_ITEMS_PER_PAGE_BITS = 17
+#: Index items per index page (131072).
+INDEX_ITEMS_PER_PAGE = 1 << INDEX_ITEMS_PER_PAGE_BITS
+#: Mask giving an index's slot within its index page.
+INDEX_SLOT_MASK = INDEX_ITEMS_PER_PAGE - 1
+#: Size of an index page file (4 MiB).
+INDEX_PAGE_SIZE = INDEX_ITEM_SIZE * INDEX_ITEMS_PER_PAGE
+
+#: Java Luxun's default data page size (128 MiB).
+DEFAULT_DATA_PAGE_SIZE = 128 * 1024 * 1024
+#: Smallest data page we accept (tests use small pages to cross boundaries often).
+MIN_DATA_PAGE_SIZE = 4096
+#: Largest data page: offsets and lengths are signed 32-bit in the index item.
+MAX_DATA_PAGE_SIZE = (1 << 31) - 1
+
+#: Meta page: head i64 at 0, tail i64 at 8.
+META_PAGE_SIZE = 16
+META_HEAD_OFFSET = 0
+META_TAIL_OFFSET = 8
+
+#: A fanout group's front index page: next index i64 at 0.
+FRONT_PAGE_SIZE = 8
+
+INDEX_DIR = "index"
+DATA_DIR = "data"
+META_DIR = "meta_data"
+FRONT_DIR_PREFIX = "front_index_"
+EXTRAS_FILE = "bigarray.json"
+FORMAT_VERSION = 1
+
+PAGE_FILE_PREFIX = "page-"
+PAGE_FILE_SUFFIX = ".dat"
+
+#: numpy view of an index page (one record per index item).
+INDEX_DTYPE = np.dtype(
+    [
+        ("page", ">i8"),
+        ("offset", ">i4"),
+        ("length", ">i4"),
+        ("timestamp", ">i8"),
+        ("reserved", "V8"),
+    ]
+)
+assert INDEX_DTYPE.itemsize == INDEX_ITEM_SIZE
+
+#: struct format of the first 24 bytes of an index item.
+INDEX_ITEM_STRUCT = ">qiiq"
+
+
+def page_file_name(page_no: int) -> str:
+    """Return the file name of page ``page_no`` (``page-<N>.dat``)."""
+    return f"{PAGE_FILE_PREFIX}{page_no}{PAGE_FILE_SUFFIX}"
+
+
+def parse_page_file_name(name: str) -> int | None:
+    """Return the page number of a page file name, or None if it is not one."""
+    if not (name.startswith(PAGE_FILE_PREFIX) and name.endswith(PAGE_FILE_SUFFIX)):
+        return None
+    digits = name[len(PAGE_FILE_PREFIX) : -len(PAGE_FILE_SUFFIX)]
+    if not digits.isdigit():
+        return None
+    return int(digits)
+
+
+def index_page_of(index: int) -> int:
+    """Index page number holding array index ``index``."""
+    return index >> INDEX_ITEMS_PER_PAGE_BITS
+
+
+def index_slot_offset(index: int) -> int:
+    """Byte offset of array index ``index``'s item inside its index page."""
+    return (index & INDEX_SLOT_MASK) * INDEX_ITEM_SIZE

@@ -1,0 +1,1 @@
+"""luxun clients: producer, consumers and the Spark data source. They reach brokers only through ``idl``."""

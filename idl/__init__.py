@@ -1,0 +1,1 @@
+"""The Thrift IDL of Luxun's QueueService (``luxun.thrift``, ``message.thrift``)."""

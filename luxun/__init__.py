@@ -1,0 +1,1 @@
+"""luxun: the broker (topic manager, QueueService, server, config, retention, metrics, CLI)."""

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs, then lint, types, import contracts, tests.
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/bigarray -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh test,bench
+export PATH="$PWD/.venv/bin:$PATH"
+echo "== ruff" && ruff check .
+echo "== mypy (strict on bigarray)" && mypy --strict bigarray
+echo "== import contracts" && lint-imports
+echo "== pytest" && python -m pytest "${@:-tests}"
