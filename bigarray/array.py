@@ -42,6 +42,8 @@ _INDEX_ITEM = struct.Struct(fmt.INDEX_ITEM_STRUCT)
 _I64 = struct.Struct(">q")
 _HEAD_TAIL = struct.Struct(">qq")
 
+#: Index items examined per step of read_range (bounds the work beyond max_bytes).
+_READ_CHUNK_ITEMS = 16384
 #: How many items just below head are checked when an array is opened.
 DEFAULT_RECOVERY_CHECK_ITEMS = 4096
 
@@ -222,13 +224,12 @@ class BigArray:
             i = 0
             while i < count:
                 base = int(ends[i - 1]) if i else 0
-                page = self._data_page
-                room = self.data_page_size - self._data_off if page is not None else 0
+                page = self._data_page if self._data_page is not None else self._room_for(0)
+                room = self.data_page_size - self._data_off
                 j = int(np.searchsorted(ends, base + room, side="right"))
                 if j == i:
-                    page = self._room_for(int(lengths[i]))
+                    self._room_for(int(lengths[i]))
                     continue
-                assert page is not None
                 off = self._data_off
                 chunk = int(ends[j - 1]) - base
                 page.mm[off : off + chunk] = b"".join(batch if (i == 0 and j == count) else batch[i:j])
@@ -267,10 +268,13 @@ class BigArray:
         """
         page_no, off, length, _ = self._index_item(index)
         try:
-            with self._data.using(page_no) as page:
-                return page.mm[off : off + length]
+            page = self._data.acquire(page_no)
         except FileNotFoundError:
             raise IndexOutOfRangeError(index, self._tail, self._head) from None
+        try:
+            return page.mm[off : off + length]
+        finally:
+            self._data.release(page)
 
     def item_length(self, index: int) -> int:
         """Length in bytes of the item at ``index``."""
@@ -297,31 +301,62 @@ class BigArray:
             return []
         if start < self._tail or start > head:
             raise IndexOutOfRangeError(start, self._tail, head)
-        n = head - start
-        if max_items is not None:
-            n = min(n, max(1, max_items))
+        end = head if max_items is None else min(head, start + max(1, max_items))
+        budget = -1 if max_bytes is None else max_bytes
+        out: list[bytes] = []
+        idx = start
         try:
-            records = self._index_records(start, n)
-            lengths = records["length"].astype(np.int64)
-            if max_bytes is not None:
-                k = max(1, int(np.searchsorted(np.cumsum(lengths), max_bytes, side="right")))
-                if k < n:
-                    records, lengths, n = records[:k], lengths[:k], k
-            pages = records["page"].astype(np.int64)
-            offsets = records["offset"].astype(np.int64)
-            cuts = (np.flatnonzero(pages[1:] != pages[:-1]) + 1).tolist()
-            out: list[bytes] = []
-            for a, b in zip([0, *cuts], [*cuts, n], strict=True):
-                first_off = int(offsets[a])
-                end_off = int(offsets[b - 1] + lengths[b - 1])
-                with self._data.using(int(pages[a])) as page:
-                    blob = page.mm[first_off:end_off]
-                starts = offsets[a:b] - first_off
-                out.extend(map(blob.__getitem__, map(slice, starts.tolist(), (starts + lengths[a:b]).tolist())))
-            return out
+            while idx < end:
+                slot = idx & fmt.INDEX_SLOT_MASK
+                m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot, _READ_CHUNK_ITEMS)
+                ipage = self._index.acquire(idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
+                try:
+                    assert ipage.view is not None
+                    records = ipage.view[slot : slot + m]
+                    lengths = records["length"].astype(np.int64)
+                    pages = records["page"].astype(np.int64)
+                    offsets = records["offset"].astype(np.int64)
+                finally:
+                    self._index.release(ipage)
+                if budget >= 0:
+                    ends = np.cumsum(lengths)
+                    k = int(np.searchsorted(ends, budget, side="right"))
+                    if k == 0 and not out:
+                        k = 1  # always at least one item
+                    if k < m:
+                        self._slice_items(pages[:k], offsets[:k], lengths[:k], out)
+                        break
+                    budget -= int(ends[-1])
+                self._slice_items(pages, offsets, lengths, out)
+                idx += m
         except FileNotFoundError:
             # Retention removed pages under us.
             raise IndexOutOfRangeError(start, self._tail, self._head) from None
+        return out
+
+    def _slice_items(
+        self,
+        pages: np.ndarray[Any, Any],
+        offsets: np.ndarray[Any, Any],
+        lengths: np.ndarray[Any, Any],
+        out: list[bytes],
+    ) -> None:
+        """Append the items described by index fields to ``out``: one copy per data
+        page, then one ``bytes`` per item."""
+        n = len(pages)
+        if n == 0:
+            return
+        cuts = (np.flatnonzero(pages[1:] != pages[:-1]) + 1).tolist() if pages[0] != pages[-1] else []
+        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+            first_off = int(offsets[a])
+            end_off = int(offsets[b - 1] + lengths[b - 1])
+            dpage = self._data.acquire(int(pages[a]))
+            try:
+                blob = dpage.mm[first_off:end_off]
+            finally:
+                self._data.release(dpage)
+            starts = offsets[a:b] - first_off
+            out.extend([blob[x:y] for x, y in zip(starts.tolist(), (starts + lengths[a:b]).tolist(), strict=True)])
 
     def find_closest_index(self, timestamp_ms: int) -> int:
         """Index whose append time is closest to ``timestamp_ms`` (ties: the earlier).
@@ -492,27 +527,16 @@ class BigArray:
         if not self._tail <= index < self._head:
             raise IndexOutOfRangeError(index, self._tail, self._head)
         try:
-            with self._index.using(index >> fmt.INDEX_ITEMS_PER_PAGE_BITS) as page:
-                item: tuple[int, int, int, int] = _INDEX_ITEM.unpack_from(
-                    page.mm, (index & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
-                )
-                return item
+            page = self._index.acquire(index >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
         except FileNotFoundError:
             raise IndexOutOfRangeError(index, self._tail, self._head) from None
-
-    def _index_records(self, start: int, n: int) -> np.ndarray[Any, Any]:
-        """A copy of the index records [start, start + n) (may span index pages)."""
-        parts = []
-        idx, remaining = start, n
-        while remaining:
-            slot = idx & fmt.INDEX_SLOT_MASK
-            m = min(remaining, fmt.INDEX_ITEMS_PER_PAGE - slot)
-            with self._index.using(idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS) as page:
-                assert page.view is not None
-                parts.append(page.view[slot : slot + m].copy())
-            idx += m
-            remaining -= m
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        try:
+            item: tuple[int, int, int, int] = _INDEX_ITEM.unpack_from(
+                page.mm, (index & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
+            )
+            return item
+        finally:
+            self._index.release(page)
 
     def _room_for(self, n: int) -> MappedPage:
         """Make the head data page one with ``n`` free bytes, rolling to a new page."""

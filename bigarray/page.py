@@ -43,7 +43,7 @@ class MappedPage:
     (``PageFactory.acquire``/``release``) while they use ``mm`` or ``view``.
     """
 
-    __slots__ = ("cached", "dirty", "mm", "page_no", "path", "refs", "view")
+    __slots__ = ("cached", "mm", "page_no", "path", "refs", "touched", "view")
 
     def __init__(self, page_no: int, path: str, mm: mmap.mmap, view: np.ndarray[Any, Any] | None) -> None:
         self.page_no = page_no
@@ -52,7 +52,7 @@ class MappedPage:
         self.view = view
         self.refs = 0
         self.cached = False
-        self.dirty = False
+        self.touched = 0.0
 
     def flush(self) -> None:
         """Write the page's dirty memory back to its file (msync)."""
@@ -117,6 +117,7 @@ class PageFactory:
         self._lock = threading.Lock()
         self._mapped: dict[int, MappedPage] = {}
         self._cache = _PageCache(max_cached_pages, ttl_s, self._evicted)
+        self._touch_interval_s = min(ttl_s / 8, 0.05)
         os.makedirs(folder, exist_ok=True)
 
     # -- paths and files -------------------------------------------------------------
@@ -164,15 +165,19 @@ class PageFactory:
             FileNotFoundError: the page file does not exist and ``create`` is False.
             DiskFullError: a new page file could not be allocated.
         """
+        now = time.monotonic()
         with self._lock:
             page = self._mapped.get(page_no)
             if page is None:
                 page = self._map(page_no, create)
                 self._mapped[page_no] = page
             page.refs += 1
-            # (Re)inserting refreshes both the LRU order and the idle deadline.
-            self._cache[page_no] = page
-            page.cached = True
+            # (Re)inserting refreshes both the LRU order and the idle deadline; for a
+            # page used moments ago that is skipped, which keeps hot reads cheap.
+            if not page.cached or now - page.touched > self._touch_interval_s:
+                self._cache[page_no] = page
+                page.cached = True
+                page.touched = now
             return page
 
     def release(self, page: MappedPage) -> None:
@@ -250,9 +255,10 @@ class PageFactory:
             self._unmap(page)
 
     def _unmap(self, page: MappedPage) -> None:
+        # No msync: unmapping a shared mapping keeps its dirty pages in the kernel's
+        # page cache, so a process crash loses nothing; flush() is for machine crashes.
         if self._mapped.get(page.page_no) is page:
             del self._mapped[page.page_no]
-        page.flush()
         page.close()
 
     def _map(self, page_no: int, create: bool) -> MappedPage:
