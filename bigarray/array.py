@@ -35,6 +35,7 @@ from .errors import (
     ItemTooLargeError,
 )
 from .page import DEFAULT_MAX_CACHED_PAGES, DEFAULT_PAGE_TTL_S, MappedPage, PageFactory
+from .prefetch import PREFETCHER
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class BigArray:
         page_ttl_s: an idle page is unmapped after this many seconds.
         clock: returns the append time in ms; timestamps never go backwards.
         recovery_check_items: items below head checked on open.
+        prefetch: read the next page files into the page cache in a background
+            thread before the writer reaches them (see :mod:`bigarray.prefetch`).
 
     Raises:
         ArrayLockedError: another process or object has the directory open.
@@ -84,8 +87,10 @@ class BigArray:
         page_ttl_s: float = DEFAULT_PAGE_TTL_S,
         clock: Callable[[], int] = now_ms,
         recovery_check_items: int = DEFAULT_RECOVERY_CHECK_ITEMS,
+        prefetch: bool = True,
     ) -> None:
         self.path = os.fspath(path)
+        self._prefetch = prefetch
         self._clock = clock
         self._lock = threading.RLock()
         self._closed = True
@@ -542,19 +547,30 @@ class BigArray:
         """Make the head data page one with ``n`` free bytes, rolling to a new page."""
         if self._data_page is None:
             self._data_page = self._data.acquire(self._data_page_no, create=True)
+            if self._prefetch:
+                PREFETCHER.prefetch(self._data.page_path(self._data_page_no), self.data_page_size, self._data_off)
+                PREFETCHER.prefetch(self._data.page_path(self._data_page_no + 1), self.data_page_size)
         if self._data_off + n > self.data_page_size:
             new_page = self._data.acquire(self._data_page_no + 1, create=True)
             self._data.release(self._data_page)
             self._data_page = new_page
             self._data_page_no += 1
             self._data_off = 0
+            if self._prefetch:
+                PREFETCHER.prefetch(self._data.page_path(self._data_page_no + 1), self.data_page_size)
         return self._data_page
 
     def _switch_index_page(self, page_no: int) -> MappedPage:
         new_page = self._index.acquire(page_no, create=True)
         if self._index_page is not None:
             self._index.release(self._index_page)
+        else:
+            if self._prefetch:
+                start = (self._head & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
+                PREFETCHER.prefetch(self._index.page_path(page_no), fmt.INDEX_PAGE_SIZE, start)
         self._index_page = new_page
+        if self._prefetch:
+            PREFETCHER.prefetch(self._index.page_path(page_no + 1), fmt.INDEX_PAGE_SIZE)
         return new_page
 
     def _derive_write_position(self) -> tuple[int, int]:

@@ -1,0 +1,79 @@
+"""Background pre-population of page files the writer is about to use.
+
+Writing through a mapping into a page the kernel has not yet brought into its page
+cache costs a slow fault per 4 KiB (about 350 MB/s on our 2-core machine), and that
+cost is paid with the array's lock held. Reading the page with ``pread`` instead
+brings it into the page cache *clean* (nothing extra is written to disk), and it
+releases the GIL, so a daemon thread does it on another core while the writer goes
+on; the writer's later faults are then minor (3-12 GB/s measured).
+
+The prefetcher only reads. A page it is still reading can be written at the same time
+without harm, so nobody ever waits for it. If allocation fails (full disk) it gives up
+quietly: the writer's own allocation then raises ``DiskFullError`` as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import queue
+import threading
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+_MAX_PENDING = 64
+
+
+class Prefetcher:
+    """One daemon thread that creates, allocates and reads ahead page files."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[str, int, int]] = queue.Queue(maxsize=_MAX_PENDING)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._buf = bytearray(_CHUNK)
+
+    def prefetch(self, path: str, size: int, start: int = 0, *, create: bool = True) -> None:
+        """Ask for ``path`` (``size`` bytes) to be allocated and read from ``start``.
+
+        Never blocks: when too many requests are pending, this one is dropped.
+        """
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="bigarray-prefetch", daemon=True)
+                self._thread.start()
+        with contextlib.suppress(queue.Full):
+            self._jobs.put_nowait((path, size, start if not create else -1 - start))
+
+    def _run(self) -> None:
+        while True:
+            path, size, start = self._jobs.get()
+            create = start < 0
+            if create:
+                start = -1 - start
+            try:
+                self._populate(path, size, start, create)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                    log.debug("prefetch of %s failed: %s", path, exc)
+
+    def _populate(self, path: str, size: int, start: int, create: bool) -> None:
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        try:
+            if create and os.fstat(fd).st_size < size:
+                os.posix_fallocate(fd, 0, size)
+            buf = [self._buf]
+            off = start - start % 4096
+            while off < size:
+                if os.preadv(fd, buf, off) <= 0:
+                    break
+                off += _CHUNK
+        finally:
+            os.close(fd)
+
+
+#: The process-wide prefetcher shared by all arrays.
+PREFETCHER = Prefetcher()
