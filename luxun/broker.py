@@ -1,0 +1,136 @@
+"""A whole broker: topics, the QueueService server, metrics and maintenance.
+
+Lifecycle: ``Broker(config)`` opens the data directory (refused if another broker
+holds it) and binds the ports; ``start()`` serves; ``stop()`` stops accepting,
+lets in-flight calls finish, wakes waiting consumers, flushes and closes every topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from idl import QueueService
+
+from .config import BrokerConfig, check_password
+from .metrics import Metrics, MetricsServer
+from .retention import Maintenance
+from .server import ThriftServer
+from .service import QueueHandler
+from .topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+#: Bytes a frame may carry beyond max.message.size (topic name, headers). Items a bit
+#: over the limit still get a MESSAGE_SIZE_TOO_LARGE answer; far bigger frames close
+#: the connection.
+FRAME_OVERHEAD_BYTES = 1 << 20
+
+
+class Broker:
+    """One luxun broker process's worth of state."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.topics = TopicManager(config.data_dir, data_page_size_bytes=config.data_page_size_bytes)
+        try:
+            self.handler = QueueHandler(
+                self.topics,
+                broker_id=config.broker_id,
+                max_message_size_bytes=config.max_message_size_bytes,
+                flush_count=config.flush_count,
+                password_check=lambda given: check_password(config.password, given),
+                metrics=self.metrics,
+            )
+            self.server = ThriftServer(
+                QueueService,
+                self.handler,
+                config.host,
+                config.port,
+                max_frame_bytes=config.max_message_size_bytes + FRAME_OVERHEAD_BYTES,
+                metrics=self.metrics,
+            )
+            self.metrics_server: MetricsServer | None = None
+            if config.metrics_port:
+                self.metrics_server = MetricsServer(
+                    config.metrics_host,
+                    config.metrics_port,
+                    self.metrics,
+                    self.topics.topics,
+                    title=f"luxun broker {config.broker_id} on {config.host}:{self.server.address[1]}",
+                )
+            tick_s = min(config.cleanup_interval_mins * 60, max(config.flush_scheduler_interval_ms, 50) / 1000)
+            self.maintenance = Maintenance(
+                self.topics,
+                retention_hours=config.retention_hours,
+                topic_retention_hours=config.topic_retention_hours,
+                retention_size_bytes=config.retention_size_bytes,
+                cleanup_interval_s=config.cleanup_interval_mins * 60,
+                flush_interval_ms=config.flush_interval_ms,
+                topic_flush_intervals_ms=config.topic_flush_intervals_ms,
+                tick_s=tick_s,
+            )
+        except BaseException:
+            self.topics.close()
+            raise
+        self._stopped = threading.Event()
+
+    @property
+    def port(self) -> int:
+        """The QueueService port actually bound."""
+        return self.server.address[1]
+
+    def start(self) -> None:
+        self.server.start()
+        if self.metrics_server is not None:
+            self.metrics_server.start()
+        self.maintenance.start()
+        metrics = (
+            f"metrics on http://{self.metrics_server.address[0]}:{self.metrics_server.address[1]}/"
+            if self.metrics_server is not None
+            else "metrics off"
+        )
+        log.info(
+            "luxun broker %d serving %d topics from %s on %s:%d (%s)",
+            self.config.broker_id,
+            len(self.topics.topics()),
+            self.topics.data_dir,
+            self.config.host,
+            self.port,
+            metrics,
+        )
+
+    def stop(self) -> None:
+        """Finish in-flight calls, flush and close. Calling it twice is fine."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        log.info("stopping: finishing in-flight calls")
+        self.topics.wake_all()
+        self.server.stop()
+        self.maintenance.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        self.topics.flush()
+        self.topics.close()
+        log.info("stopped; every topic flushed and closed")
+
+    def serve_forever(self) -> None:
+        """Start, then block until SIGTERM or SIGINT; then stop cleanly."""
+        done = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("received %s", signal.Signals(signum).name)
+            done.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        try:
+            while not done.wait(1.0):
+                pass
+        finally:
+            self.stop()

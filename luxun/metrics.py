@@ -1,0 +1,223 @@
+"""Broker metrics: cheap counters on the call path, Prometheus text and a status page.
+
+Counting costs a few dict operations per call; the text is built only when scraped.
+The HTTP endpoint (default 127.0.0.1:9093) serves ``/metrics`` (Prometheus text format
+0.0.4), ``/`` (a plain status page for people: topics, groups, lag, disk use) and
+``/topics.json`` (the same data for tools such as ``luxun topics``).
+
+Thread-safety: ``observe`` may be called from any thread (a lock guards the maps).
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Latency histogram bucket upper bounds, in seconds.
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+#: errorCode names by value (from the IDL).
+_ERROR_NAMES = (
+    "INTERNAL_ERROR",
+    "TOPIC_NOT_EXIST",
+    "INDEX_OUT_OF_BOUNDS",
+    "INVALID_TOPIC",
+    "TOPIC_IS_EMPTY",
+    "AUTHENTICATION_FAILURE",
+    "MESSAGE_SIZE_TOO_LARGE",
+    "ALL_MESSAGE_CONSUMED",
+)
+
+
+class _CallStats:
+    __slots__ = ("buckets", "count", "errors", "sum_s")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum_s = 0.0
+        self.buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.errors: dict[int, int] = {}
+
+
+class Metrics:
+    """Per-call counts, errors by code and latency histograms, plus connection counts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[str, _CallStats] = {}
+        self.connections_open = 0
+        self.connections_total = 0
+        self.connections_refused = 0
+        self.bad_frames = 0
+        self.started = time.time()
+
+    def observe(self, call: str, seconds: float, error_code: int | None) -> None:
+        """Record one call: its latency and, when it failed, its errorCode."""
+        with self._lock:
+            stats = self._calls.get(call)
+            if stats is None:
+                stats = self._calls[call] = _CallStats()
+            stats.count += 1
+            stats.sum_s += seconds
+            stats.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+            if error_code is not None:
+                stats.errors[error_code] = stats.errors.get(error_code, 0) + 1
+
+    def render(self, topics: Iterable[Any]) -> str:
+        """The Prometheus text exposition of every metric."""
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_text: str) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+
+        with self._lock:
+            calls = {k: (v.count, v.sum_s, list(v.buckets), dict(v.errors)) for k, v in self._calls.items()}
+        family("luxun_requests_total", "counter", "QueueService calls handled, by method.")
+        for call, (count, _, _, _) in sorted(calls.items()):
+            out.append(f'luxun_requests_total{{method="{call}"}} {count}')
+        family("luxun_request_errors_total", "counter", "Calls answered with an error code, by method and code.")
+        for call, (_, _, _, errors) in sorted(calls.items()):
+            for code, n in sorted(errors.items()):
+                out.append(f'luxun_request_errors_total{{method="{call}",code="{_error_name(code)}"}} {n}')
+        family("luxun_request_duration_seconds", "histogram", "Time spent handling a call, by method.")
+        for call, (count, total, buckets, _) in sorted(calls.items()):
+            running = 0
+            for bound, n in zip(LATENCY_BUCKETS_S, buckets, strict=False):
+                running += n
+                out.append(f'luxun_request_duration_seconds_bucket{{method="{call}",le="{bound}"}} {running}')
+            out.append(f'luxun_request_duration_seconds_bucket{{method="{call}",le="+Inf"}} {count}')
+            out.append(f'luxun_request_duration_seconds_sum{{method="{call}"}} {total}')
+            out.append(f'luxun_request_duration_seconds_count{{method="{call}"}} {count}')
+        family("luxun_connections_open", "gauge", "Client connections open now.")
+        out.append(f"luxun_connections_open {self.connections_open}")
+        family("luxun_connections_total", "counter", "Client connections accepted.")
+        out.append(f"luxun_connections_total {self.connections_total}")
+        family("luxun_connections_refused_total", "counter", "Connections refused over the connection limit.")
+        out.append(f"luxun_connections_refused_total {self.connections_refused}")
+        family("luxun_bad_frames_total", "counter", "Connections closed for a malformed or oversized frame.")
+        out.append(f"luxun_bad_frames_total {self.bad_frames}")
+
+        rows = [_topic_row(t) for t in topics]
+        per_topic = (
+            ("luxun_topic_items_in_total", "counter", "Items appended to the topic.", "items_in"),
+            ("luxun_topic_bytes_in_total", "counter", "Bytes appended to the topic.", "bytes_in"),
+            ("luxun_topic_items_out_total", "counter", "Items handed out by consume.", "items_out"),
+            ("luxun_topic_bytes_out_total", "counter", "Bytes handed out by consume.", "bytes_out"),
+            ("luxun_topic_size_items", "gauge", "Items retained (head - tail).", "size"),
+            ("luxun_topic_disk_bytes", "gauge", "Bytes of index and data page files.", "disk"),
+        )
+        for name, kind, help_text, key in per_topic:
+            family(name, kind, help_text)
+            for row in rows:
+                out.append(f'{name}{{topic="{_label(row["name"])}"}} {row[key]}')
+        family("luxun_group_lag_items", "gauge", "Items a consumer group has still to read.")
+        for row in rows:
+            for group, lag in row["groups"]:
+                out.append(f'luxun_group_lag_items{{topic="{_label(row["name"])}",group="{_label(group)}"}} {lag}')
+        return "\n".join(out) + "\n"
+
+
+def _error_name(code: int) -> str:
+    return _ERROR_NAMES[code] if 0 <= code < len(_ERROR_NAMES) else str(code)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _topic_row(topic: Any) -> dict[str, Any]:
+    queue = topic.queue
+    stats = topic.stats
+    try:
+        groups = [(g, queue.size(g)) for g in queue.groups()]
+        size = queue.size()
+        disk = queue.back_file_size()
+        head, tail = queue.head, queue.tail
+    except Exception:  # the topic was deleted while we looked
+        groups, size, disk, head, tail = [], 0, 0, 0, 0
+    return {
+        "name": topic.name,
+        "items_in": stats.items_in,
+        "bytes_in": stats.bytes_in,
+        "items_out": stats.items_out,
+        "bytes_out": stats.bytes_out,
+        "size": size,
+        "disk": disk,
+        "head": head,
+        "tail": tail,
+        "groups": groups,
+    }
+
+
+def status_page(topics: Iterable[Any], metrics: Metrics, title: str) -> str:
+    """A small HTML page a person can read: topics, groups, lag and disk use."""
+    rows = [_topic_row(t) for t in topics]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:right}"
+        "td:first-child,th:first-child{text-align:left}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>up {time.time() - metrics.started:,.0f} s, {metrics.connections_open} connections open, "
+        f"{len(rows)} topics. Prometheus metrics: <a href='/metrics'>/metrics</a></p>",
+        "<table><tr><th>topic</th><th>items</th><th>tail</th><th>head</th><th>disk MB</th>"
+        "<th>in</th><th>out</th><th>groups (lag)</th></tr>",
+    ]
+    for row in rows:
+        groups = ", ".join(f"{html.escape(g)} ({lag:,})" for g, lag in row["groups"]) or "-"
+        parts.append(
+            f"<tr><td>{html.escape(row['name'])}</td><td>{row['size']:,}</td><td>{row['tail']:,}</td>"
+            f"<td>{row['head']:,}</td><td>{row['disk'] / 1e6:,.1f}</td><td>{row['items_in']:,}</td>"
+            f"<td>{row['items_out']:,}</td><td>{groups}</td></tr>"
+        )
+    parts.append("</table></body></html>")
+    return "".join(parts)
+
+
+class MetricsServer:
+    """Serves ``/metrics`` and ``/`` over HTTP in a daemon thread."""
+
+    def __init__(self, host: str, port: int, metrics: Metrics, topics: Callable[[], Iterable[Any]], title: str) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                if self.path.split("?")[0] == "/metrics":
+                    body = metrics.render(topics()).encode()
+                    kind = "text/plain; version=0.0.4; charset=utf-8"
+                elif self.path.split("?")[0] == "/topics.json":
+                    body = json.dumps([_topic_row(t) for t in topics()]).encode()
+                    kind = "application/json"
+                elif self.path.split("?")[0] == "/":
+                    body = status_page(topics(), metrics, title).encode()
+                    kind = "text/html; charset=utf-8"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("metrics http: " + format, *args)
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.address = self.httpd.server_address
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="luxun-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,110 @@
+"""Background maintenance: time and size retention, timed flushes, idle page unmapping.
+
+One daemon thread wakes every ``tick_s`` seconds and, per topic:
+
+- every ``cleanup_interval_s``: removes items older than the topic's retention
+  (``log.retention.hours`` or its ``topic.log.retention.hours`` override), judged by
+  each item's append time, so small topics are trimmed too; then trims the topic to
+  ``log.retention.size`` bytes of page files (``-1``: no limit); then unmaps idle pages;
+- flushes (msync) a topic whose flush interval (``log.default.flush.interval.ms`` or
+  its ``topic.flush.intervals.ms`` override; ``<= 0``: never) has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from bigarray import now_ms
+
+from .topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+
+class Maintenance:
+    """The retention and flush thread of a broker."""
+
+    def __init__(
+        self,
+        topics: TopicManager,
+        *,
+        retention_hours: float,
+        topic_retention_hours: Mapping[str, float],
+        retention_size_bytes: int,
+        cleanup_interval_s: float,
+        flush_interval_ms: int,
+        topic_flush_intervals_ms: Mapping[str, int],
+        tick_s: float,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.topics = topics
+        self.retention_hours = retention_hours
+        self.topic_retention_hours = dict(topic_retention_hours)
+        self.retention_size_bytes = retention_size_bytes
+        self.cleanup_interval_s = cleanup_interval_s
+        self.flush_interval_ms = flush_interval_ms
+        self.topic_flush_intervals_ms = dict(topic_flush_intervals_ms)
+        self.tick_s = max(0.05, tick_s)
+        self._clock_ms = clock_ms
+        self._stop = threading.Event()
+        self._next_cleanup = time.monotonic() + cleanup_interval_s
+        self._thread = threading.Thread(target=self._run, name="luxun-maintenance", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("maintenance pass failed")
+
+    def run_once(self, *, force_cleanup: bool = False) -> None:
+        """One pass: cleanup when due (or forced), flushes when due."""
+        now = time.monotonic()
+        cleanup = force_cleanup or now >= self._next_cleanup
+        if cleanup:
+            self._next_cleanup = now + self.cleanup_interval_s
+        for topic in self.topics.topics():
+            queue = topic.queue
+            try:
+                if cleanup:
+                    hours = self.topic_retention_hours.get(topic.name, self.retention_hours)
+                    if hours > 0:
+                        before = queue.tail
+                        queue.remove_before(self._clock_ms() - int(hours * 3_600_000))
+                        if queue.tail > before:
+                            log.info(
+                                "retention: topic %r dropped %d items older than %g h",
+                                topic.name,
+                                queue.tail - before,
+                                hours,
+                            )
+                    if self.retention_size_bytes >= 0:
+                        before = queue.tail
+                        queue.limit_back_file_size(self.retention_size_bytes)
+                        if queue.tail > before:
+                            log.info(
+                                "retention: topic %r dropped %d items to stay under %d bytes",
+                                topic.name,
+                                queue.tail - before,
+                                self.retention_size_bytes,
+                            )
+                    queue.array.expire_idle_pages()
+                interval_ms = self.topic_flush_intervals_ms.get(topic.name, self.flush_interval_ms)
+                if interval_ms > 0 and (now - topic.stats.last_flush_monotonic) * 1000 >= interval_ms:
+                    topic.stats.last_flush_monotonic = now
+                    queue.flush()
+            except Exception as exc:
+                if queue.closed:
+                    continue  # deleted meanwhile
+                log.error("maintenance of topic %r failed: %s", topic.name, exc)

@@ -1,0 +1,297 @@
+"""The Thrift server: framed transport, binary protocol, one thread per connection.
+
+Why this shape (measured on our 2-core machine, see docs in README "Broker"):
+thriftpy2's Cython binary protocol is several times faster than its asyncio server's
+pure-Python protocol, so calls are decoded with ``TCyBinaryProtocol``; one thread per
+connection keeps a slow or long-polling consumer from stalling anybody (a waiting
+consumer is a blocked thread, not a busy one).
+
+We do the framing ourselves instead of using thriftpy2's framed transport, because
+that one allocates whatever size a frame header announces. Here a frame is refused
+(and the connection closed) when its size is <= 0 or above ``max_frame_bytes``, and
+every frame is walked once (:func:`check_frame`) so that no length or count inside it
+can point past its end before the Cython decoder sees it. Reads are buffered: many
+small frames (oneway produces) are taken from one ``recv``.
+
+Thread-safety: ``start``/``stop`` from the main thread; connections run in their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import struct
+import threading
+from typing import Any
+
+from thriftpy2.thrift import TProcessor
+from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.transport.memory import TCyMemoryBuffer
+
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+_INITIAL_BUFFER = 64 * 1024
+_THREAD_STACK_BYTES = 512 * 1024
+_MAX_DEPTH = 32
+
+# Thrift binary protocol type ids and the fixed sizes of the scalar ones.
+_T_STOP, _T_STRUCT, _T_MAP, _T_SET, _T_LIST, _T_STRING = 0, 12, 13, 14, 15, 11
+_FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8}
+_I32 = struct.Struct(">i")
+_FIELD = struct.Struct(">bh")
+_MAP_HEADER = struct.Struct(">bbi")
+_LIST_HEADER = struct.Struct(">bi")
+
+
+class BadFrame(ValueError):
+    """A frame that is not a well-formed Thrift binary message."""
+
+
+def check_frame(frame: bytes) -> None:
+    """Walk one Thrift binary-protocol message; raise :class:`BadFrame` unless every
+    length and element count fits in the bytes that remain.
+
+    Work is bounded by the frame length. Only the structure is checked; field types
+    are the decoder's business.
+    """
+    end = len(frame)
+    try:
+        (first,) = _I32.unpack_from(frame, 0)
+        if first < 0:  # strict: version | type, name, seqid
+            if first & 0xFFFF0000 != 0x80010000:
+                raise BadFrame(f"unknown protocol version {first & 0xFFFF0000:#x}")
+            pos = _skip_string(frame, 4, end)
+        else:  # old style: name, type byte
+            pos = _skip_string(frame, 0, end) + 1
+        pos += 4  # seqid
+        pos = _skip_value(frame, pos, end, _T_STRUCT, 0)
+    except struct.error as exc:
+        raise BadFrame(f"frame ends inside a value: {exc}") from None
+    if pos > end:
+        raise BadFrame("frame ends inside a value")
+
+
+def _skip_string(frame: bytes, pos: int, end: int) -> int:
+    (size,) = _I32.unpack_from(frame, pos)
+    pos += 4
+    if size < 0 or size > end - pos:
+        raise BadFrame(f"string of {size} bytes announced with {end - pos} bytes left in the frame")
+    return pos + size
+
+
+def _skip_value(frame: bytes, pos: int, end: int, ttype: int, depth: int) -> int:
+    fixed = _FIXED.get(ttype)
+    if fixed is not None:
+        return pos + fixed
+    if ttype == _T_STRING:
+        return _skip_string(frame, pos, end)
+    if depth > _MAX_DEPTH:
+        raise BadFrame(f"values nested deeper than {_MAX_DEPTH}")
+    if ttype == _T_STRUCT:
+        while True:
+            if pos >= end:
+                raise BadFrame("struct not terminated")
+            ftype = frame[pos]
+            if ftype == _T_STOP:
+                return pos + 1
+            pos += 3  # type byte, i16 field id
+            if pos > end:
+                raise BadFrame("field header cut off")
+            pos = _skip_value(frame, pos, end, ftype, depth + 1)
+    if ttype == _T_MAP:
+        ktype, vtype, count = _MAP_HEADER.unpack_from(frame, pos)
+        pos += 6
+        _check_count(count, end - pos)
+        for _ in range(count):
+            pos = _skip_value(frame, pos, end, ktype, depth + 1)
+            pos = _skip_value(frame, pos, end, vtype, depth + 1)
+            if pos > end:
+                raise BadFrame("map runs past the frame")
+        return pos
+    if ttype in (_T_LIST, _T_SET):
+        etype, count = _LIST_HEADER.unpack_from(frame, pos)
+        pos += 5
+        _check_count(count, end - pos)
+        size = _FIXED.get(etype)
+        if size is not None:
+            return pos + size * count
+        for _ in range(count):
+            pos = _skip_value(frame, pos, end, etype, depth + 1)
+            if pos > end:
+                raise BadFrame("list runs past the frame")
+        return pos
+    raise BadFrame(f"unknown Thrift type id {ttype}")
+
+
+def _check_count(count: int, left: int) -> None:
+    if count < 0 or count > left:
+        raise BadFrame(f"container of {count} elements announced with {left} bytes left in the frame")
+
+
+class ThriftServer:
+    """Serves a thriftpy2 service on ``host:port`` (``port=0`` picks a free one).
+
+    Args:
+        service: the thriftpy2 service (``luxun_thrift.QueueService``).
+        handler: the object implementing it.
+        max_frame_bytes: largest frame accepted; bigger ones close the connection.
+        max_connections: connections beyond this are closed at once (and counted).
+        on_stop: called after the last connection finished, before ``stop`` returns.
+    """
+
+    def __init__(
+        self,
+        service: Any,
+        handler: Any,
+        host: str,
+        port: int,
+        *,
+        max_frame_bytes: int,
+        max_connections: int = 10_000,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._processor = TProcessor(service, handler)
+        self.max_frame_bytes = max_frame_bytes
+        self.max_connections = max_connections
+        self.metrics = metrics or Metrics()
+        self._stopping = threading.Event()
+        self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
+        self._conns_lock = threading.Lock()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((host, port))
+        self._listener.listen(1024)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="luxun-accept", daemon=True)
+
+    def start(self) -> None:
+        """Start accepting connections (returns at once)."""
+        self._accept_thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting, let in-flight calls finish and reply, close every connection.
+
+        Frames already received are still processed; nothing new is read.
+        """
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._accept_thread.join(timeout_s)
+        with self._conns_lock:
+            conns = list(self._conns.values())
+        for sock, _ in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)
+        for _, thread in conns:
+            thread.join(timeout_s)
+
+    # -- accepting ---------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        old_stack = threading.stack_size()
+        while not self._stopping.is_set():
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                log.exception("accept failed")
+                continue
+            with self._conns_lock:
+                too_many = len(self._conns) >= self.max_connections
+            if too_many:
+                self.metrics.connections_refused += 1
+                log.warning("refusing connection from %s: %d connections open already", peer, self.max_connections)
+                sock.close()
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.stack_size(_THREAD_STACK_BYTES)
+            try:
+                thread = threading.Thread(target=self._serve, args=(sock, peer), name=f"luxun-conn-{peer}", daemon=True)
+            finally:
+                threading.stack_size(old_stack)
+            with self._conns_lock:
+                self._conns[sock.fileno()] = (sock, thread)
+            self.metrics.connections_total += 1
+            self.metrics.connections_open += 1
+            thread.start()
+
+    # -- one connection ---------------------------------------------------------------
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        key = sock.fileno()
+        try:
+            self._read_frames(sock, peer)
+        except (ConnectionError, TimeoutError):
+            pass
+        except OSError as exc:
+            log.debug("connection %s: %s", peer, exc)
+        except Exception:
+            log.exception("connection %s failed", peer)
+        finally:
+            with self._conns_lock:
+                self._conns.pop(key, None)
+            self.metrics.connections_open -= 1
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _read_frames(self, sock: socket.socket, peer: Any) -> None:
+        buf = bytearray(_INITIAL_BUFFER)
+        start = end = 0
+        max_frame = self.max_frame_bytes
+        while True:
+            # Handle every complete frame in the buffer.
+            while end - start >= 4:
+                size = int.from_bytes(buf[start : start + 4], "big", signed=True)
+                if size <= 0 or size > max_frame:
+                    self.metrics.bad_frames += 1
+                    log.warning("closing connection from %s: frame of %d bytes (limit %d)", peer, size, max_frame)
+                    return
+                if end - start - 4 < size:
+                    if start + 4 + size > len(buf):  # make room for the whole frame
+                        buf[: end - start] = buf[start:end]
+                        end -= start
+                        start = 0
+                        if 4 + size > len(buf):
+                            buf.extend(bytes(4 + size - len(buf)))
+                    break
+                frame = bytes(buf[start + 4 : start + 4 + size])
+                start += 4 + size
+                if not self._handle(sock, peer, frame):
+                    return
+            if start == end:
+                start = end = 0
+                if len(buf) > 1 << 20:  # give back what one big frame needed
+                    buf = bytearray(_INITIAL_BUFFER)
+            if self._stopping.is_set():
+                return
+            with memoryview(buf) as view:
+                n = sock.recv_into(view[end:])
+            if n == 0:
+                return
+            end += n
+
+    def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
+        try:
+            check_frame(frame)
+            oprot = TCyBinaryProtocol(TCyMemoryBuffer())
+            self._processor.process(TCyBinaryProtocol(TCyMemoryBuffer(frame), strict_read=False), oprot)
+        except Exception as exc:
+            self.metrics.bad_frames += 1
+            log.warning("closing connection from %s: undecodable request (%s)", peer, exc)
+            return False
+        out = oprot.trans.getvalue()
+        if out:
+            header = len(out).to_bytes(4, "big")
+            if len(out) < 65536:
+                sock.sendall(header + out)
+            else:  # no copy of a big reply; finish with sendall if the kernel took only part
+                sent = sock.sendmsg([header, out])
+                if sent < 4 + len(out):
+                    sock.sendall(memoryview(header + out)[sent:])
+        return True
