@@ -188,7 +188,7 @@ class MetricsServer:
 
     def __init__(self, host: str, port: int, metrics: Metrics, topics: Callable[[], Iterable[Any]], title: str) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:
                 if self.path.split("?")[0] == "/metrics":
                     body = metrics.render(topics()).encode()
                     kind = "text/plain; version=0.0.4; charset=utf-8"

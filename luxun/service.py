@@ -99,7 +99,7 @@ class QueueHandler:
         self.metrics.observe("produce", time.perf_counter() - t0, result.errorCode)
         return T.ProduceResponse(result=result, index=index)
 
-    def asyncProduce(self, request: Any) -> None:  # noqa: N802 - IDL name
+    def asyncProduce(self, request: Any) -> None:
         t0 = time.perf_counter()
         result, _ = self._append(request, "asyncProduce")
         self.metrics.observe("asyncProduce", time.perf_counter() - t0, result.errorCode)
@@ -232,7 +232,7 @@ class QueueHandler:
             return reply(self._not_exist(name))
 
     # -- the rest ----------------------------------------------------------------------
-    def findClosestIndexByTime(self, request: Any) -> Any:  # noqa: N802 - IDL name
+    def findClosestIndexByTime(self, request: Any) -> Any:
         t0 = time.perf_counter()
         name = request.topic
         timestamp = request.timestamp
@@ -273,7 +273,7 @@ class QueueHandler:
         self.metrics.observe("findClosestIndexByTime", time.perf_counter() - t0, result.errorCode)
         return T.FindClosestIndexByTimeResponse(result=result, index=index, timestampOfIndex=ts)
 
-    def deleteTopic(self, request: Any) -> Any:  # noqa: N802 - IDL name
+    def deleteTopic(self, request: Any) -> Any:
         t0 = time.perf_counter()
         name = request.topic
         try:
@@ -292,7 +292,7 @@ class QueueHandler:
         self.metrics.observe("deleteTopic", time.perf_counter() - t0, result.errorCode)
         return T.DeleteTopicResponse(result=result)
 
-    def getSize(self, request: Any) -> Any:  # noqa: N802 - IDL name
+    def getSize(self, request: Any) -> Any:
         t0 = time.perf_counter()
         name = request.topic
         group = request.fanoutId
