@@ -132,6 +132,7 @@ class BigArray:
             self._closed = False
             # Writer state: pinned head pages (mapped lazily on the first append).
             self._data_page: MappedPage | None = None
+            self._prefetch_next_at = fmt.MAX_DATA_PAGE_SIZE
             self._index_page: MappedPage | None = None
             self._last_ts = 0
             self._recover(recovery_check_items)
@@ -198,6 +199,8 @@ class BigArray:
             self._last_ts = ts
             _INDEX_ITEM.pack_into(ipage.mm, (idx & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE, page.page_no, off, n, ts)
             self._data_off = off + n
+            if self._data_off > self._prefetch_next_at:
+                self._prefetch_next_page()
             self._head = idx + 1
             _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, idx + 1)
             return idx
@@ -241,6 +244,8 @@ class BigArray:
                 records["page"][i:j] = page.page_no
                 records["offset"][i:j] = ends[i:j] - lengths[i:j] + (off - base)
                 self._data_off = off + chunk
+                if self._data_off > self._prefetch_next_at:
+                    self._prefetch_next_page()
                 i = j
             records["length"] = lengths
             ts = self._clock()
@@ -549,16 +554,21 @@ class BigArray:
             self._data_page = self._data.acquire(self._data_page_no, create=True)
             if self._prefetch:
                 PREFETCHER.prefetch(self._data.page_path(self._data_page_no), self.data_page_size, self._data_off)
-                PREFETCHER.prefetch(self._data.page_path(self._data_page_no + 1), self.data_page_size)
+            self._prefetch_next_at = self.data_page_size // 2 if self._prefetch else self.data_page_size
         if self._data_off + n > self.data_page_size:
             new_page = self._data.acquire(self._data_page_no + 1, create=True)
             self._data.release(self._data_page)
             self._data_page = new_page
             self._data_page_no += 1
             self._data_off = 0
-            if self._prefetch:
-                PREFETCHER.prefetch(self._data.page_path(self._data_page_no + 1), self.data_page_size)
+            self._prefetch_next_at = self.data_page_size // 2 if self._prefetch else self.data_page_size
         return self._data_page
+
+    def _prefetch_next_page(self) -> None:
+        """The writer passed half of its page: allocate and read ahead the next one
+        (not earlier, so a small topic does not hold two pages of disk)."""
+        self._prefetch_next_at = self.data_page_size
+        PREFETCHER.prefetch(self._data.page_path(self._data_page_no + 1), self.data_page_size)
 
     def _switch_index_page(self, page_no: int) -> MappedPage:
         new_page = self._index.acquire(page_no, create=True)

@@ -62,7 +62,10 @@ class Broker:
                     self.topics.topics,
                     title=f"luxun broker {config.broker_id} on {config.host}:{self.server.address[1]}",
                 )
-            tick_s = min(config.cleanup_interval_mins * 60, max(config.flush_scheduler_interval_ms, 50) / 1000)
+            # Wake for flushes at the scheduler rate (Java's log.default.flush.scheduler.interval.ms),
+            # else once a second; cleanups run on their own interval within those ticks.
+            scheduler_s = config.flush_scheduler_interval_ms / 1000 if config.flush_scheduler_interval_ms > 0 else 1.0
+            tick_s = min(config.cleanup_interval_mins * 60, scheduler_s)
             self.maintenance = Maintenance(
                 self.topics,
                 retention_hours=config.retention_hours,
