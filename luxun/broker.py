@@ -92,7 +92,7 @@ class Broker:
             self.metrics_server.start()
         self.maintenance.start()
         metrics = (
-            f"metrics on http://{self.metrics_server.address[0]}:{self.metrics_server.address[1]}/"
+            f"metrics on http://{self.config.metrics_host}:{self.metrics_server.address[1]}/"
             if self.metrics_server is not None
             else "metrics off"
         )

@@ -115,7 +115,7 @@ def _client(broker: str) -> Iterator[Any]:
         int(port),
         proto_factory=TCyBinaryProtocolFactory(),
         trans_factory=TCyFramedTransportFactory(),
-        timeout=None,
+        timeout=None,  # type: ignore[arg-type]  # None: no timeout (long polls)
     )
     try:
         yield client

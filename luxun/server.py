@@ -25,7 +25,7 @@ import struct
 import threading
 from typing import Any
 
-from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.protocol.cybin import TCyBinaryProtocol  # type: ignore[attr-defined]
 from thriftpy2.thrift import TProcessor
 from thriftpy2.transport.memory import TCyMemoryBuffer
 

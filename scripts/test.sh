@@ -6,6 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh test,bench
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff" && ruff check .
-echo "== mypy (strict on bigarray)" && mypy --strict bigarray
+echo "== mypy (strict on bigarray)" && mypy --strict bigarray && mypy luxun idl
 echo "== import contracts" && lint-imports
 echo "== pytest" && python -m pytest "${@:-tests}"

@@ -1,0 +1,127 @@
+// Luxun QueueService: the original Luxun IDL (bulldog2011/luxun,
+// src/main/resources/thrift/api.thrift), kept wire-compatible: same namespaces,
+// constants, enums (implicit values 0..n), structs, field ids, requiredness and
+// types (GetSizeRequest really has fields 1 and 3). Code generated from the
+// original file talks to a broker built from this one, and the reverse.
+//
+// Transport: framed; protocol: binary. Errors come back in Result
+// {resultCode, errorCode, errorMessage}, never as Thrift exceptions.
+//
+// Changes to the original (additive only, so old clients keep working):
+//   - `namespace py luxun_thrift` (generated Python module name);
+//   - EXTENSION: ConsumeRequest field 5 `maxWaitMs` (optional; see below).
+// Further extensions must be new optional fields or new methods only.
+
+namespace java com.leansoft.luxun.api.generated
+namespace csharp Leansoft.luxun.Api.Generated
+namespace py luxun_thrift
+
+const i32 RANDOM_PARTION = -1;
+
+const string EARLIEST_INDEX_STRING = "earliest";
+const string LATEST_INDEX_STRING = "latest";
+
+const i64 EARLIEST_TIME = -1;
+const i64 LATEST_TIME = -2;
+
+enum ResultCode
+{
+  SUCCESS,
+  FAILURE,
+  TRY_LATER
+}
+
+enum ErrorCode
+{
+  INTERNAL_ERROR,
+  TOPIC_NOT_EXIST,
+  INDEX_OUT_OF_BOUNDS,
+  INVALID_TOPIC,
+  TOPIC_IS_EMPTY,
+  AUTHENTICATION_FAILURE,
+  MESSAGE_SIZE_TOO_LARGE,
+  ALL_MESSAGE_CONSUMED
+}
+
+struct Result
+{
+    1: required ResultCode resultCode,
+    2: ErrorCode errorCode,
+    3: string errorMessage
+}
+
+struct ProduceRequest {
+    1: required binary item,
+    2: required string topic,
+}
+
+struct ProduceResponse {
+    1: required Result result,
+    2: i64 index
+}
+
+struct ConsumeRequest {
+    1: required string topic,
+    2: string fanoutId,
+    3: i64 startIndex,
+    4: i32 maxFetchSize,
+    // EXTENSION (luxun-py; not in the original Luxun IDL).
+    // Long poll: when there is nothing to return (the result would be
+    // TRY_LATER/ALL_MESSAGE_CONSUMED), the broker waits up to maxWaitMs
+    // milliseconds for new items before replying. Unset or <= 0: reply at once,
+    // exactly as the original broker does. The broker may cap the wait.
+    // Original brokers skip the unknown field and reply at once.
+    5: optional i32 maxWaitMs,
+}
+
+struct ConsumeResponse {
+    1: required Result result,
+    2: list<binary> itemList,
+    3: i64 lastConsumedIndex
+}
+
+struct FindClosestIndexByTimeRequest {
+    1: required i64 timestamp,
+    2: required string topic,
+}
+
+struct FindClosestIndexByTimeResponse {
+    1: required Result result,
+    2: i64 index,
+    3: i64 timestampOfIndex
+}
+
+struct DeleteTopicRequest {
+    1: required string topic,
+    2: required string password
+}
+
+struct DeleteTopicResponse {
+    1: required Result result,
+}
+
+struct GetSizeRequest {
+    1: required string topic,
+    3: string fanoutId
+}
+
+struct GetSizeResponse {
+    1: required Result result,
+    2: i64 size
+}
+
+service QueueService {
+    ProduceResponse produce(1: ProduceRequest produceRequest);
+
+    // The 'oneway' modifier indicates that the client only makes a request and
+    // does not wait for any response at all. Oneway methods MUST be void.
+    oneway void asyncProduce(1: ProduceRequest produceRequest);
+
+    ConsumeResponse consume(1: ConsumeRequest consumeRequest);
+
+    FindClosestIndexByTimeResponse findClosestIndexByTime(1: FindClosestIndexByTimeRequest findClosestIndexByTimeRequest);
+
+    DeleteTopicResponse deleteTopic(1: DeleteTopicRequest deleteTopicRequest);
+
+    GetSizeResponse getSize(1: GetSizeRequest getSizeRequest);
+}

@@ -1,0 +1,611 @@
+"""Broker configuration: Java Luxun's ``server.properties``, validated into a frozen dataclass.
+
+An existing Luxun ``server.properties`` starts this broker as it is::
+
+    config = BrokerConfig.from_file("conf/server.properties", overrides={"port": 9100})
+
+Every key Java Luxun's ``ServerConfig`` reads is accepted (table below). A key that
+Java knows but this broker does not use is accepted with one ``INFO`` line on the
+``luxun.config`` logger. A key nobody knows is a :class:`~luxun.errors.ConfigError`
+naming it (and the closest known key); so is a bad value, naming key and value
+(except the password, which is never echoed). Command-line flags come in as
+``overrides`` (keyed by field name) and win over the file.
+
+=========================================  ============================  ====================
+key                                        field                         default
+=========================================  ============================  ====================
+``brokerid``                               ``broker_id``                 0 (Java: required)
+``port``                                   ``port``                      9092
+``log.dir``                                ``data_dir``                  ``./luxun-data``
+``log.flush.count``                        ``flush_count``               -1 (never)
+``log.default.flush.interval.ms``          ``flush_interval_ms``         the scheduler interval
+``log.default.flush.scheduler.interval.ms`` ``flush_scheduler_interval_ms`` -1 (never)
+``topic.flush.intervals.ms``               ``topic_flush_intervals_ms``  none
+``log.retention.hours``                    ``retention_hours``           168
+``topic.log.retention.hours``              ``topic_retention_hours``     none
+``log.retention.size``                     ``retention_size_bytes``      -1 (unlimited)
+``log.cleanup.interval.mins``              ``cleanup_interval_mins``     10
+``password``                               ``password``                  unset (no deleteTopic)
+``max.message.size``                       ``max_message_size_bytes``    1 MiB
+``log.backfile.page.size``                 ``data_page_size_bytes``      128 MiB
+``monitoring.period.secs``                 ``monitoring_period_secs``    600 (unused here)
+``host`` (ours)                            ``host``                      127.0.0.1
+``metrics.host`` (ours)                    ``metrics_host``              127.0.0.1
+``metrics.port`` (ours)                    ``metrics_port``              9093 (0 = off)
+=========================================  ============================  ====================
+
+Where the Java defaults come from: ``com.leansoft.luxun.server.ServerConfig``,
+``log.ILog`` and ``conf/server.properties`` of bulldog2011/luxun, and
+``BigArrayImpl`` of bigqueue 0.7.x (data page sizes). Java's ``Properties`` ignores
+keys it does not read, so our own three keys do not stop a file from working with
+Java Luxun.
+
+Differences from Java Luxun, all deliberate:
+
+* ``brokerid`` and ``log.dir`` are optional (defaults above); Java requires both.
+* ``log.backfile.page.size`` may go down to 4 KiB (Java: 32 MiB), for tests.
+* ``max.message.size`` may go up to the largest data page (Java: 2 MiB, the 32 MiB
+  minimum page / 16). An item must still fit in one data page; bigger ones are
+  refused by the storage with ``MESSAGE_SIZE_TOO_LARGE``.
+* ``topic.log.retention.hours`` values must be >= 1 (Java did not check).
+* No ``password`` means deleteTopic is refused (Java let anyone delete). A value
+  without a ``plain:``/``md5:``/``crc32:`` prefix is a plain password, and a plain
+  password may contain ``:`` (Java refused both).
+* Numbers may be surrounded by whitespace (Java's ``Integer.valueOf`` refused
+  trailing spaces). A relative ``log.dir`` is resolved against the working
+  directory once, at load time, as Java's ``new File(dir)`` does.
+
+Thread-safety: a :class:`BrokerConfig` is immutable and can be shared freely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import hashlib
+import hmac
+import logging
+import os
+import re
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from bigarray import InvalidNameError, validate_name
+from bigarray.format import DEFAULT_DATA_PAGE_SIZE, MAX_DATA_PAGE_SIZE, MIN_DATA_PAGE_SIZE
+
+from .errors import ConfigError  # re-exported: config users catch it from here
+
+log = logging.getLogger("luxun.config")
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+# -- defaults ------------------------------------------------------------------------
+#: Where topics live (DESIGN.md section 7). Java Luxun has no default (``log.dir`` is
+#: required); its sample ``server.properties`` uses ``./data``.
+DEFAULT_DATA_DIR = "./luxun-data"
+#: QueueService bind address. Java Luxun bound every interface.
+DEFAULT_HOST = "127.0.0.1"
+#: QueueService port; Java ``ServerConfig.getPort()`` default.
+DEFAULT_PORT = 9092
+#: Java requires ``brokerid``; we only name it in logs and error messages.
+DEFAULT_BROKER_ID = 0
+#: Metrics (HTTP) bind address and port (ours; Java exposed JMX instead).
+DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_METRICS_PORT = 9093
+#: Flush a topic after this many appends; <= 0: never (Java default -1).
+DEFAULT_FLUSH_COUNT = -1
+#: How often the flusher looks at topics; <= 0: no flusher (Java default -1).
+DEFAULT_FLUSH_SCHEDULER_INTERVAL_MS = -1
+#: Flush a topic when its last flush is older than this; <= 0: never. Java's default
+#: is the scheduler interval, which is what :meth:`BrokerConfig.from_properties` does.
+DEFAULT_FLUSH_INTERVAL_MS = -1
+#: Delete data pages older than this (Java default 24 * 7).
+DEFAULT_RETENTION_HOURS = 168
+#: Prune old pages while a topic's files exceed this; < 0: unlimited (Java default -1;
+#: the sample server.properties sets 1 GiB).
+DEFAULT_RETENTION_SIZE_BYTES = -1
+#: How often retention runs (Java default 10).
+DEFAULT_CLEANUP_INTERVAL_MINS = 10
+#: Largest item accepted by produce (Java ``ILog.DEFAULT_MESSAGE_SIZE``, 1 MiB).
+DEFAULT_MAX_MESSAGE_SIZE_BYTES = 1024 * 1024
+#: Data page size of new topics (bigqueue ``DEFAULT_DATA_PAGE_SIZE``, 128 MiB).
+DEFAULT_DATA_PAGE_SIZE_BYTES = DEFAULT_DATA_PAGE_SIZE
+#: Java's statistics window for JMX (default 600); accepted, unused here.
+DEFAULT_MONITORING_PERIOD_SECS = 600
+
+_NO_OVERRIDES: Mapping[str, Any] = MappingProxyType({})
+
+
+def _key(key: str, lo: int | None = None, hi: int | None = None, *, ours: bool = False) -> dict[str, Any]:
+    """Field metadata: its properties key, integer bounds, and whether the key is ours."""
+    return {"key": key, "min": lo, "max": hi, "ours": ours}
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """A validated broker configuration. Units are in the field names.
+
+    Construct it directly (every field has a default), with :meth:`from_properties`
+    or with :meth:`from_file`. Validation happens in the constructor, so any
+    instance is valid: ``data_dir`` is absolute, the topic maps are read-only, the
+    password is well formed. Invalid values raise :class:`~luxun.errors.ConfigError`.
+    Use :func:`dataclasses.replace` to derive a changed copy (validated again).
+    """
+
+    #: Directory holding one sub-directory per topic (absolute after construction).
+    data_dir: str = field(default=DEFAULT_DATA_DIR, metadata=_key("log.dir"))
+    #: QueueService bind address.
+    host: str = field(default=DEFAULT_HOST, metadata=_key("host", ours=True))
+    #: QueueService port (0: any free port).
+    port: int = field(default=DEFAULT_PORT, metadata=_key("port", 0, 65535))
+    #: This broker's id, named in logs and error messages.
+    broker_id: int = field(default=DEFAULT_BROKER_ID, metadata=_key("brokerid", INT32_MIN, INT32_MAX))
+    #: Metrics bind address.
+    metrics_host: str = field(default=DEFAULT_METRICS_HOST, metadata=_key("metrics.host", ours=True))
+    #: Metrics port; 0 or None: no metrics server.
+    metrics_port: int | None = field(default=DEFAULT_METRICS_PORT, metadata=_key("metrics.port", 0, 65535, ours=True))
+    #: Flush (msync) a topic after this many appended items; <= 0: never.
+    flush_count: int = field(default=DEFAULT_FLUSH_COUNT, metadata=_key("log.flush.count", INT32_MIN, INT32_MAX))
+    #: Flush a topic whose last flush is older than this; <= 0: never (per-topic map wins).
+    flush_interval_ms: int = field(
+        default=DEFAULT_FLUSH_INTERVAL_MS, metadata=_key("log.default.flush.interval.ms", INT32_MIN, INT32_MAX)
+    )
+    #: How often flush intervals are checked; <= 0: never.
+    flush_scheduler_interval_ms: int = field(
+        default=DEFAULT_FLUSH_SCHEDULER_INTERVAL_MS,
+        metadata=_key("log.default.flush.scheduler.interval.ms", INT32_MIN, INT32_MAX),
+    )
+    #: Per-topic ``flush_interval_ms`` (read-only mapping).
+    topic_flush_intervals_ms: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({}), metadata=_key("topic.flush.intervals.ms", INT32_MIN, INT32_MAX)
+    )
+    #: Data pages older than this are deleted.
+    retention_hours: int = field(default=DEFAULT_RETENTION_HOURS, metadata=_key("log.retention.hours", 1, INT32_MAX))
+    #: Per-topic ``retention_hours`` (read-only mapping).
+    topic_retention_hours: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({}), metadata=_key("topic.log.retention.hours", 1, INT32_MAX)
+    )
+    #: Old pages of a topic are pruned while its files take more than this; < 0: unlimited.
+    retention_size_bytes: int = field(
+        default=DEFAULT_RETENTION_SIZE_BYTES, metadata=_key("log.retention.size", INT64_MIN, INT64_MAX)
+    )
+    #: How often retention runs.
+    cleanup_interval_mins: int = field(
+        default=DEFAULT_CLEANUP_INTERVAL_MINS, metadata=_key("log.cleanup.interval.mins", 1, INT32_MAX)
+    )
+    #: The deleteTopic password as configured (``plain:``, ``md5:``, ``crc32:`` or bare
+    #: plain); "" = unset, deleteTopic is refused. See :func:`check_password`.
+    password: str = field(default="", repr=False, metadata=_key("password"))
+    #: Largest item produce accepts.
+    max_message_size_bytes: int = field(
+        default=DEFAULT_MAX_MESSAGE_SIZE_BYTES, metadata=_key("max.message.size", 1, MAX_DATA_PAGE_SIZE)
+    )
+    #: Data page size for new topics (existing topics keep theirs).
+    data_page_size_bytes: int = field(
+        default=DEFAULT_DATA_PAGE_SIZE_BYTES,
+        metadata=_key("log.backfile.page.size", MIN_DATA_PAGE_SIZE, MAX_DATA_PAGE_SIZE),
+    )
+    #: Java Luxun's JMX statistics window; accepted and validated, unused here.
+    monitoring_period_secs: int = field(
+        default=DEFAULT_MONITORING_PERIOD_SECS, metadata=_key("monitoring.period.secs", 1, INT32_MAX)
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            label = _label(f)
+            if f.name in _STR_FIELDS:
+                if not isinstance(value, str | os.PathLike):
+                    raise ConfigError(f"{label} must be a string, not {type(value).__name__}", key=f.metadata["key"])
+                value = os.fspath(value)
+                if f.name == "password":
+                    _parse_password(value, label=label)  # raises on a malformed value
+                    continue
+                if not value.strip():
+                    raise ConfigError(f"{label} must not be empty", key=f.metadata["key"])
+                if f.name == "data_dir":
+                    # Relative to the working directory, resolved once (Java: new File(dir)).
+                    object.__setattr__(self, f.name, os.path.abspath(value))
+            elif f.name in _MAP_FIELDS:
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"{label} must be a mapping of topic to int", key=f.metadata["key"])
+                checked = {
+                    _check_topic(f, topic): _check_int(f, value=v, label=f"{label}[{topic!r}]")
+                    for topic, v in value.items()
+                }
+                object.__setattr__(self, f.name, MappingProxyType(checked))
+            elif f.name == "metrics_port" and value is None:
+                continue
+            else:
+                _check_int(f, value=value, label=label)
+
+    @property
+    def metrics_enabled(self) -> bool:
+        """True when a metrics server should run (``metrics_port`` not 0 or None)."""
+        return bool(self.metrics_port)
+
+    @property
+    def password_configured(self) -> bool:
+        """True when deleteTopic can succeed (a password is configured)."""
+        return bool(self.password.strip())
+
+    def check_password(self, given: str) -> bool:
+        """``check_password(self.password, given)``; see :func:`check_password`."""
+        return check_password(self.password, given)
+
+    # -- loading -----------------------------------------------------------------------
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str], *, overrides: Mapping[str, Any] = _NO_OVERRIDES) -> BrokerConfig:
+        """Build a config from ``server.properties`` keys, then apply ``overrides``.
+
+        Args:
+            props: key to raw value, e.g. from :func:`load_properties`. Values are
+                stripped of surrounding whitespace.
+            overrides: field name to value (command-line flags); they win over
+                ``props``. ``None`` values mean "flag not given" and are skipped (turn
+                metrics off with ``metrics_port=0``). String values are parsed like
+                the file's.
+
+        Raises:
+            ConfigError: an unknown key or override (naming it and the closest known
+                one), or a bad value (naming key and value).
+        """
+        unknown = sorted(k for k in props if k not in _FIELD_BY_KEY)
+        if unknown:
+            raise ConfigError(
+                "; ".join(_unknown_message("configuration key", k, _FIELD_BY_KEY) for k in unknown)
+                + f" (known keys: {', '.join(sorted(_FIELD_BY_KEY))})",
+                key=unknown[0],
+            )
+        values: dict[str, Any] = {}
+        for key, raw in props.items():
+            f = _FIELD_BY_KEY[key]
+            values[f.name] = _parse_value(f, raw)
+        unused = sorted(k for k in props if k in UNUSED_KEYS)
+        if unused:
+            log.info(
+                "accepted for compatibility with Java Luxun, no effect in this broker: %s",
+                ", ".join(f"{k}={props[k].strip()}" for k in unused),
+            )
+        for name, value in overrides.items():
+            if name not in _FIELDS:
+                raise ConfigError(_unknown_message("override", name, _FIELDS), key=name)
+            if value is None:
+                continue
+            f = _FIELDS[name]
+            values[name] = _parse_value(f, value) if isinstance(value, str) else value
+        if "flush_interval_ms" not in values:
+            # Java: log.default.flush.interval.ms defaults to the scheduler interval.
+            values["flush_interval_ms"] = values.get("flush_scheduler_interval_ms", DEFAULT_FLUSH_SCHEDULER_INTERVAL_MS)
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], *, overrides: Mapping[str, Any] = _NO_OVERRIDES) -> BrokerConfig:
+        """``from_properties(load_properties(path), overrides=overrides)``."""
+        return cls.from_properties(load_properties(path), overrides=overrides)
+
+
+# -- field tables ----------------------------------------------------------------------
+_FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+_FIELD_BY_KEY: dict[str, dataclasses.Field[Any]] = {f.metadata["key"]: f for f in _FIELDS.values()}
+_STR_FIELDS = frozenset({"data_dir", "host", "metrics_host", "password"})
+_MAP_FIELDS = frozenset({"topic_flush_intervals_ms", "topic_retention_hours"})
+
+#: Every key Java Luxun's ServerConfig reads.
+JAVA_KEYS: frozenset[str] = frozenset(k for k, f in _FIELD_BY_KEY.items() if not f.metadata["ours"])
+#: Keys this broker adds (Java Luxun ignores them).
+OUR_KEYS: frozenset[str] = frozenset(k for k, f in _FIELD_BY_KEY.items() if f.metadata["ours"])
+#: Java keys accepted and validated but without effect here (one INFO line when set).
+UNUSED_KEYS: frozenset[str] = frozenset({"monitoring.period.secs"})
+#: Every key a properties file may hold.
+KNOWN_KEYS: frozenset[str] = JAVA_KEYS | OUR_KEYS
+
+
+def _label(f: dataclasses.Field[Any]) -> str:
+    """``"log.retention.hours (retention_hours)"``: the file key, then the field name."""
+    key = f.metadata["key"]
+    return key if key == f.name else f"{key} ({f.name})"
+
+
+def _unknown_message(what: str, name: str, known: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {what} {name!r}{hint}"
+
+
+def _check_int(f: dataclasses.Field[Any], *, value: Any, label: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{label} must be an integer, not {value!r}", key=f.metadata["key"])
+    lo, hi = f.metadata["min"], f.metadata["max"]
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(f"{label} = {value} is out of range [{lo}, {hi}]", key=f.metadata["key"])
+    return value
+
+
+def _check_topic(f: dataclasses.Field[Any], topic: object) -> str:
+    try:
+        return validate_name(topic, what="topic")
+    except InvalidNameError as exc:
+        raise ConfigError(f"{_label(f)}: {exc}", key=f.metadata["key"]) from exc
+
+
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+
+
+def _parse_int(label: str, raw: str) -> int:
+    text = raw.strip()
+    if not _INT_RE.fullmatch(text):
+        raise ConfigError(f"{label} = {raw!r} is not an integer")
+    return int(text)
+
+
+def _parse_topic_map(label: str, raw: str) -> dict[str, int]:
+    """``"topic1:1000, topic2:3000"`` -> ``{"topic1": 1000, "topic2": 3000}`` (last one wins)."""
+    result: dict[str, int] = {}
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        topic, sep, number = entry.rpartition(":")
+        if not sep or not topic.strip():
+            raise ConfigError(f"{label}: entry {entry!r} is not 'topic:number'")
+        result[topic.strip()] = _parse_int(f"{label}[{topic.strip()!r}]", number)
+    return result
+
+
+def _parse_value(f: dataclasses.Field[Any], raw: Any) -> Any:
+    """Parse a raw string (or pass a typed override through) for field ``f``."""
+    if not isinstance(raw, str):
+        return raw
+    label = _label(f)
+    if f.name in _STR_FIELDS:
+        return raw.strip()
+    if f.name in _MAP_FIELDS:
+        return _parse_topic_map(label, raw)
+    try:
+        return _parse_int(label, raw)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), key=f.metadata["key"]) from None
+
+
+# -- passwords -------------------------------------------------------------------------
+PASSWORD_SCHEMES = ("plain", "md5", "crc32")
+_MD5_RE = re.compile(r"[0-9a-fA-F]{32}")
+_DECIMAL_RE = re.compile(r"[+-]?[0-9]+")
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_password(configured: str, *, label: str = "password") -> tuple[str, str | int] | None:
+    """``(scheme, secret)`` of a configured password, or None when it is unset.
+
+    Follows Java Luxun's ``Authentication.build``: ``<scheme>:<secret>`` with scheme
+    and secret trimmed; ``plain`` keeps the secret, ``md5`` a 32-digit hex digest
+    (compared in lower case), ``crc32`` a decimal CRC-32 (Java's ``Long.parseLong``).
+    Extensions: no colon means a plain password, and a plain secret may contain ':'.
+    Error messages never include the secret.
+    """
+    text = configured.strip()
+    if not text:
+        return None
+    if ":" not in text:
+        return ("plain", text)
+    scheme, _, secret = text.partition(":")
+    scheme = scheme.strip().lower()
+    secret = secret.strip()
+    if scheme not in PASSWORD_SCHEMES:
+        raise ConfigError(
+            f"{label}: unknown scheme {scheme!r}; use plain:<password>, md5:<hex digest> or crc32:<decimal> "
+            "(write plain:<password> for a password that contains ':')",
+            key="password",
+        )
+    if not secret:
+        raise ConfigError(f"{label}: nothing after {scheme + ':'!r}", key="password")
+    if scheme == "md5":
+        if not _MD5_RE.fullmatch(secret):
+            raise ConfigError(f"{label}: md5: needs the 32 hex digits of an MD5 digest", key="password")
+        return ("md5", secret.lower())
+    if scheme == "crc32":
+        if not _DECIMAL_RE.fullmatch(secret):
+            raise ConfigError(f"{label}: crc32: needs a decimal number, as in Java Luxun", key="password")
+        value = int(secret)
+        if not 0 <= value <= 0xFFFFFFFF:
+            raise ConfigError(f"{label}: crc32: value is outside [0, 4294967295]", key="password")
+        return ("crc32", value)
+    return ("plain", secret)
+
+
+def check_password(configured: str | None, given: str | None) -> bool:
+    """Whether ``given`` (from a deleteTopic request) matches the configured password.
+
+    ``configured`` forms, as in Java Luxun's ``server.properties``:
+
+    * ``plain:luxun`` (or just ``luxun``): ``given`` must equal ``luxun``;
+    * ``md5:3a8cb419bf0d34f5fa091ce416627f82``: the lower-case hex MD5 of ``given``
+      (UTF-8) must equal the digest (which may be written in either case);
+    * ``crc32:1688323579``: the CRC-32 of ``given`` (UTF-8), as an unsigned decimal,
+      must equal the number.
+
+    An unset or empty ``configured`` password refuses every request (Java Luxun
+    accepted any password then); so does a ``None`` or wrong ``given``. The
+    comparison takes the same time wherever the first difference is
+    (:func:`hmac.compare_digest`; plain passwords are hashed with SHA-256 first, so
+    not even the length leaks).
+
+    Raises:
+        ConfigError: ``configured`` is malformed (:class:`BrokerConfig` rejects such
+            a value at load time, so a running broker never sees one).
+    """
+    spec = _parse_password(configured or "")
+    if spec is None or given is None:
+        return False
+    data = given.encode("utf-8")
+    scheme, secret = spec
+    if scheme == "md5":
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        return hmac.compare_digest(digest.encode("ascii"), str(secret).encode("ascii"))
+    if scheme == "crc32":
+        crc = zlib.crc32(data) & 0xFFFFFFFF
+        return hmac.compare_digest(crc.to_bytes(4, "big"), int(secret).to_bytes(4, "big"))
+    return hmac.compare_digest(hashlib.sha256(data).digest(), hashlib.sha256(str(secret).encode("utf-8")).digest())
+
+
+# -- .properties files -----------------------------------------------------------------
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_WHITESPACE = " \t\f"
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def load_properties(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a Java ``.properties`` file into ``{key: value}`` (see :func:`parse_properties`).
+
+    The file is decoded as UTF-8 (a BOM is skipped), falling back to ISO-8859-1 (what
+    Java's ``Properties.load(InputStream)`` uses) when it is not valid UTF-8.
+
+    Raises:
+        ConfigError: the file cannot be read, or has a malformed ``\\uXXXX`` escape.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {os.fspath(path)!r}: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text = data.decode("latin-1")
+    return parse_properties(text, source=os.fspath(path))
+
+
+def parse_properties(text: str, *, source: str = "<string>") -> dict[str, str]:
+    """Parse ``.properties`` text the way Java's ``Properties.load`` does.
+
+    * Lines end with ``\\n``, ``\\r`` or ``\\r\\n``; leading spaces, tabs and form
+      feeds are skipped; blank lines and lines starting with ``#`` or ``!`` are
+      comments.
+    * A line ending in an odd number of backslashes continues on the next line,
+      whose leading whitespace is dropped (a comment line never continues).
+    * The key ends at the first unescaped ``=``, ``:`` or whitespace; whitespace and
+      at most one ``=``/``:`` follow; the rest of the line is the value (trailing
+      whitespace kept, as in Java). ``key`` alone has the value ``""``.
+    * Escapes: ``\\t \\n \\r \\f``, ``\\uXXXX`` (surrogate pairs combine), and ``\\x`` for
+      any other ``x`` is ``x`` itself (so ``\\=``, ``\\:``, ``\\ ``, ``\\\\``).
+    * A repeated key: the last one wins.
+
+    Raises:
+        ConfigError: a malformed ``\\uXXXX`` escape (naming the source and line).
+    """
+    lines = _LINE_BREAK.split(text)
+    result: dict[str, str] = {}
+    i = 0
+    while i < len(lines):
+        line_no = i + 1
+        line = lines[i].lstrip(_WHITESPACE)
+        i += 1
+        if not line or line[0] in "#!":
+            continue
+        while _continues(line):
+            line = line[:-1]
+            if i >= len(lines):
+                break
+            line += lines[i].lstrip(_WHITESPACE)
+            i += 1
+        key, value = _split_key_value(line)
+        where = f"{source}:{line_no}"
+        result[_unescape(key, where)] = _unescape(value, where)
+    return result
+
+
+def _continues(line: str) -> bool:
+    """True when ``line`` ends with an odd number of backslashes."""
+    count = len(line) - len(line.rstrip("\\"))
+    return count % 2 == 1
+
+
+def _split_key_value(line: str) -> tuple[str, str]:
+    key_end = len(line)
+    value_start = len(line)
+    has_sep = False
+    escaped = False
+    for pos, ch in enumerate(line):
+        if not escaped and ch in "=:":
+            key_end, value_start, has_sep = pos, pos + 1, True
+            break
+        if not escaped and ch in _WHITESPACE:
+            key_end, value_start = pos, pos + 1
+            break
+        escaped = ch == "\\" and not escaped
+    while value_start < len(line):
+        ch = line[value_start]
+        if ch not in _WHITESPACE:
+            if not has_sep and ch in "=:":
+                has_sep = True
+            else:
+                break
+        value_start += 1
+    return line[:key_end], line[value_start:]
+
+
+def _unescape(text: str, where: str) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    pos = 0
+    n = len(text)
+    while pos < n:
+        ch = text[pos]
+        pos += 1
+        if ch != "\\":
+            out.append(ch)
+            continue
+        if pos >= n:  # a lone trailing backslash (end of input): dropped, as in Java
+            break
+        ch = text[pos]
+        pos += 1
+        if ch == "u":
+            digits = text[pos : pos + 4]
+            if len(digits) < 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+                bad = "\\u" + digits
+                raise ConfigError(f"{where}: malformed \\uxxxx escape {bad!r}")
+            out.append(chr(int(digits, 16)))
+            pos += 4
+        else:
+            out.append(_ESCAPES.get(ch, ch))
+    result = "".join(out)
+    # \uD83D\uDE00 -> one character, as Java's UTF-16 strings would read it.
+    return result.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+
+
+__all__ = [
+    "DEFAULT_BROKER_ID",
+    "DEFAULT_CLEANUP_INTERVAL_MINS",
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_DATA_PAGE_SIZE_BYTES",
+    "DEFAULT_FLUSH_COUNT",
+    "DEFAULT_FLUSH_INTERVAL_MS",
+    "DEFAULT_FLUSH_SCHEDULER_INTERVAL_MS",
+    "DEFAULT_HOST",
+    "DEFAULT_MAX_MESSAGE_SIZE_BYTES",
+    "DEFAULT_METRICS_HOST",
+    "DEFAULT_METRICS_PORT",
+    "DEFAULT_MONITORING_PERIOD_SECS",
+    "DEFAULT_PORT",
+    "DEFAULT_RETENTION_HOURS",
+    "DEFAULT_RETENTION_SIZE_BYTES",
+    "JAVA_KEYS",
+    "KNOWN_KEYS",
+    "OUR_KEYS",
+    "PASSWORD_SCHEMES",
+    "UNUSED_KEYS",
+    "BrokerConfig",
+    "ConfigError",
+    "check_password",
+    "load_properties",
+    "parse_properties",
+]
