@@ -63,7 +63,8 @@ class BigArray:
             array keeps the size it was created with.
         max_cached_pages: idle pages kept mapped per folder (index and data).
         page_ttl_s: an idle page is unmapped after this many seconds.
-        clock: returns the append time in ms; timestamps never go backwards.
+        clock: returns the append time in ms; stored timestamps never go backwards and
+            are at least 1.
         recovery_check_items: items below head checked on open.
         prefetch: read the next page files into the page cache in a background
             thread before the writer reaches them (see :mod:`bigarray.prefetch`).
@@ -134,7 +135,7 @@ class BigArray:
             self._data_page: MappedPage | None = None
             self._prefetch_next_at = fmt.MAX_DATA_PAGE_SIZE
             self._index_page: MappedPage | None = None
-            self._last_ts = 0
+            self._last_ts = 1  # timestamps are >= 1: a zero index record was never written
             self._recover(recovery_check_items)
             self._data_page_no, self._data_off = self._derive_write_position()
             self._delete_pages_below_tail()
@@ -229,45 +230,70 @@ class BigArray:
                 raise ItemTooLargeError(longest, self.data_page_size)
             ends = np.cumsum(lengths)
             records = np.zeros(count, dtype=fmt.INDEX_DTYPE)
-            i = 0
-            while i < count:
-                base = int(ends[i - 1]) if i else 0
-                page = self._data_page if self._data_page is not None else self._room_for(0)
-                room = self.data_page_size - self._data_off
-                j = int(np.searchsorted(ends, base + room, side="right"))
-                if j == i:
-                    self._room_for(int(lengths[i]))
-                    continue
-                off = self._data_off
-                chunk = int(ends[j - 1]) - base
-                page.mm[off : off + chunk] = b"".join(batch if (i == 0 and j == count) else batch[i:j])
-                records["page"][i:j] = page.page_no
-                records["offset"][i:j] = ends[i:j] - lengths[i:j] + (off - base)
-                self._data_off = off + chunk
-                if self._data_off > self._prefetch_next_at:
-                    self._prefetch_next_page()
-                i = j
-            records["length"] = lengths
-            ts = self._clock()
-            if ts < self._last_ts:
-                ts = self._last_ts
-            self._last_ts = ts
-            records["timestamp"] = ts
-            idx, k = first, 0
-            while k < count:
-                page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
-                ipage = self._index_page
-                if ipage is None or ipage.page_no != page_no:
-                    ipage = self._switch_index_page(page_no)
-                slot = idx & fmt.INDEX_SLOT_MASK
-                m = min(count - k, fmt.INDEX_ITEMS_PER_PAGE - slot)
-                assert ipage.view is not None
-                ipage.view[slot : slot + m] = records[k : k + m]
-                k += m
-                idx += m
+            saved_position = (self._data_page_no, self._data_off)
+            try:
+                self._place_batch(batch, lengths, ends, records)
+                records["length"] = lengths
+                ts = self._clock()
+                if ts < self._last_ts:
+                    ts = self._last_ts
+                self._last_ts = ts
+                records["timestamp"] = ts
+                idx, k = first, 0
+                while k < count:
+                    page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
+                    ipage = self._index_page
+                    if ipage is None or ipage.page_no != page_no:
+                        ipage = self._switch_index_page(page_no)
+                    slot = idx & fmt.INDEX_SLOT_MASK
+                    m = min(count - k, fmt.INDEX_ITEMS_PER_PAGE - slot)
+                    assert ipage.view is not None
+                    ipage.view[slot : slot + m] = records[k : k + m]
+                    k += m
+                    idx += m
+            except BaseException:
+                # Nothing is committed (head did not move); leave no gap behind either.
+                self._restore_write_position(*saved_position)
+                raise
             self._head = first + count
             _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, first + count)
             return first
+
+    def _place_batch(
+        self,
+        batch: list[Any] | tuple[Any, ...],
+        lengths: np.ndarray[Any, Any],
+        ends: np.ndarray[Any, Any],
+        records: np.ndarray[Any, Any],
+    ) -> None:
+        """Copy a batch into data pages (one copy per page) and fill in the page and
+        offset of each index record. Called with the lock held."""
+        count = len(batch)
+        i = 0
+        while i < count:
+            base = int(ends[i - 1]) if i else 0
+            page = self._data_page if self._data_page is not None else self._room_for(0)
+            room = self.data_page_size - self._data_off
+            j = int(np.searchsorted(ends, base + room, side="right"))
+            if j == i:
+                self._room_for(int(lengths[i]))
+                continue
+            off = self._data_off
+            chunk = int(ends[j - 1]) - base
+            page.mm[off : off + chunk] = b"".join(batch if (i == 0 and j == count) else batch[i:j])
+            records["page"][i:j] = page.page_no
+            records["offset"][i:j] = ends[i:j] - lengths[i:j] + (off - base)
+            self._data_off = off + chunk
+            if self._data_off > self._prefetch_next_at:
+                self._prefetch_next_page()
+            i = j
+
+    def _restore_write_position(self, page_no: int, offset: int) -> None:
+        """Put the writer back where a failed batch started, so no gap is left."""
+        if self._data_page is not None and self._data_page.page_no != page_no:
+            self._data.release(self._data_page)
+            self._data_page = None
+        self._data_page_no, self._data_off = page_no, offset
 
     # -- reading -----------------------------------------------------------------------
     def get(self, index: int) -> bytes:
@@ -319,21 +345,14 @@ class BigArray:
             while idx < end:
                 slot = idx & fmt.INDEX_SLOT_MASK
                 m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot, _READ_CHUNK_ITEMS)
-                ipage = self._index.acquire(idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
-                try:
-                    assert ipage.view is not None
-                    records = ipage.view[slot : slot + m]
-                    lengths = records["length"].astype(np.int64)
-                    pages = records["page"].astype(np.int64)
-                    offsets = records["offset"].astype(np.int64)
-                finally:
-                    self._index.release(ipage)
+                pages, offsets, lengths = self._index_fields(idx, m)
                 if budget >= 0:
                     ends = np.cumsum(lengths)
                     k = int(np.searchsorted(ends, budget, side="right"))
-                    if k == 0 and not out:
-                        k = 1  # always at least one item
-                    if k < m:
+                    forced = k == 0 and not out
+                    if forced:
+                        k = 1  # always at least one item, even one larger than the budget
+                    if k < m or forced:
                         self._slice_items(pages[:k], offsets[:k], lengths[:k], out)
                         break
                     budget -= int(ends[-1])
@@ -343,6 +362,22 @@ class BigArray:
             # Retention removed pages under us.
             raise IndexOutOfRangeError(start, self._tail, self._head) from None
         return out
+
+    def _index_fields(
+        self, start: int, m: int
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Native copies of the page, offset and length fields of ``m`` index items
+        within one index page. No view of the mapping outlives the page reference."""
+        ipage = self._index.acquire(start >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
+        try:
+            assert ipage.view is not None
+            slot = start & fmt.INDEX_SLOT_MASK
+            view = ipage.view[slot : slot + m]
+            fields = (view["page"].astype(np.int64), view["offset"].astype(np.int64), view["length"].astype(np.int64))
+            del view
+            return fields
+        finally:
+            self._index.release(ipage)
 
     def _slice_items(
         self,
@@ -604,18 +639,51 @@ class BigArray:
             return item
 
     def _recover(self, check_items: int) -> None:
-        """Roll head back to the last valid item among the last ``check_items``."""
+        """Roll head back past damaged items at the end.
+
+        Items beyond the last index page file are dropped at once; then windows of
+        ``check_items`` items below head are checked, going further back only while a
+        whole window is damaged (a truncated page can hold more items than a window).
+        """
         head, tail = self._head, self._tail
-        start = max(tail, head - max(check_items, 1))
-        if start == head:
+        if head == tail:
             return
-        first_bad = head
+        index_pages = self._index.page_numbers()
+        last_page = index_pages[-1] if index_pages else -1
+        first_bad = min(head, max(tail, (last_page + 1) << fmt.INDEX_ITEMS_PER_PAGE_BITS))
+        hi = first_bad
+        window = max(check_items, 1)
+        while hi > tail:
+            start = max(tail, hi - window)
+            bad = self._first_bad_item(start, hi)
+            if bad is None:
+                break
+            first_bad = bad
+            if bad > start:
+                break
+            hi = start  # the whole window is damaged: look further back
+        if first_bad < head:
+            log.warning(
+                "array %s: dropped %d damaged item(s) at the end (indexes %d..%d); head rolled back to %d",
+                self.path,
+                head - first_bad,
+                first_bad,
+                head - 1,
+                first_bad,
+            )
+            self._head = first_bad
+            _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, first_bad)
+            self._meta_page.flush()
+
+    def _first_bad_item(self, start: int, end: int) -> int | None:
+        """The first index in [start, end) whose index item is damaged, or None."""
         records = []
         idx = start
-        while idx < head:
+        first_bad: int | None = None
+        while idx < end:
             page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
             slot = idx & fmt.INDEX_SLOT_MASK
-            m = min(head - idx, fmt.INDEX_ITEMS_PER_PAGE - slot)
+            m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot)
             if self._index.file_size(page_no) < fmt.INDEX_PAGE_SIZE:
                 first_bad = idx
                 break
@@ -630,28 +698,21 @@ class BigArray:
             lengths = rec["length"].astype(np.int64)
             sizes = {int(p): self._data.file_size(int(p)) for p in np.unique(pages) if p >= 0}
             page_sizes = np.array([sizes.get(int(p), -1) for p in pages], dtype=np.int64)
-            ok = (pages >= 0) & (offsets >= 0) & (lengths >= 0) & (offsets + lengths <= page_sizes)
-            # Consecutive items are laid out back to back, or the next starts a later page.
+            stamps = rec["timestamp"].astype(np.int64)
+            # Every append writes a timestamp >= 1, so 0 marks a record never written.
+            ok = (pages >= 0) & (offsets >= 0) & (lengths >= 0) & (offsets + lengths <= page_sizes) & (stamps > 0)
+            # Consecutive items follow each other in a page, or the next starts a later page.
             same_page = pages[1:] == pages[:-1]
             follows = np.where(
-                same_page, offsets[1:] == offsets[:-1] + lengths[:-1], (pages[1:] > pages[:-1]) & (offsets[1:] == 0)
+                same_page,
+                offsets[1:] >= offsets[:-1] + lengths[:-1],  # a failed batch may leave a gap
+                (pages[1:] > pages[:-1]) & (offsets[1:] == 0),
             )
             ok[1:] &= follows
             bad = np.flatnonzero(~ok)
             if bad.size:
-                first_bad = min(first_bad, start + int(bad[0]))
-        if first_bad < head:
-            log.warning(
-                "array %s: dropped %d damaged item(s) at the end (indexes %d..%d); head rolled back to %d",
-                self.path,
-                head - first_bad,
-                first_bad,
-                head - 1,
-                first_bad,
-            )
-            self._head = first_bad
-            _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, first_bad)
-            self._meta_page.flush()
+                return start + int(bad[0])
+        return first_bad
 
     def _delete_pages_below_tail(self) -> None:
         """Delete index and data pages that hold only items below tail."""

@@ -103,7 +103,17 @@ class FanoutQueue:
                 except ValueError as exc:
                     log.warning("queue %s: ignoring group folder %r: %s", self.path, entry, exc)
                     continue
-                self._groups[name] = _Group(name, folder)
+                group = _Group(name, folder)
+                if group.index > self.array.head:
+                    log.warning(
+                        "queue %s: group %r was at index %d, beyond head %d (items lost in a crash); moving it to head",
+                        self.path,
+                        name,
+                        group.index,
+                        self.array.head,
+                    )
+                    group.index = self.array.head
+                self._groups[name] = group
         except BaseException:
             self.close()
             raise

@@ -63,7 +63,12 @@ class MappedPage:
         """Unmap the page. The numpy view is dropped first so the mapping can close."""
         self.view = None
         if not self.mm.closed:
-            self.mm.close()
+            try:
+                self.mm.close()
+            except BufferError:
+                # A numpy view of the page is still alive somewhere (a bug in a caller):
+                # the mapping goes when that view is garbage collected.
+                log.warning("page %s is still referenced; it will be unmapped when released", self.path)
 
 
 class _PageCache(TTLCache):  # type: ignore[type-arg]
