@@ -31,6 +31,7 @@ from .errors import (
     ArrayEmptyError,
     ArrayLockedError,
     CorruptArrayError,
+    DiskFullError,
     IndexOutOfRangeError,
     ItemTooLargeError,
 )
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _INDEX_ITEM = struct.Struct(fmt.INDEX_ITEM_STRUCT)
 _I64 = struct.Struct(">q")
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 _HEAD_TAIL = struct.Struct(">qq")
 
 #: Index items examined per step of read_range (bounds the work beyond max_bytes).
@@ -90,12 +92,19 @@ class BigArray:
         recovery_check_items: int = DEFAULT_RECOVERY_CHECK_ITEMS,
         prefetch: bool = True,
     ) -> None:
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(os.fspath(path))
         self._prefetch = prefetch
+        if prefetch:
+            PREFETCHER.remember(self.path)
         self._clock = clock
         self._lock = threading.RLock()
         self._closed = True
-        os.makedirs(self.path, exist_ok=True)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            if exc.errno in _DISK_FULL_ERRNOS:
+                raise DiskFullError(exc.errno, f"cannot create array {self.path}: {exc.strerror}") from exc
+            raise
         self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -139,9 +148,11 @@ class BigArray:
             self._recover(recovery_check_items)
             self._data_page_no, self._data_off = self._derive_write_position()
             self._delete_pages_below_tail()
-        except BaseException:
+        except BaseException as exc:
             self._closed = False
             self._close_files()
+            if isinstance(exc, OSError) and not isinstance(exc, DiskFullError) and exc.errno in _DISK_FULL_ERRNOS:
+                raise DiskFullError(exc.errno, f"cannot create array {self.path}: {exc.strerror}") from exc
             raise
 
     # -- properties --------------------------------------------------------------------
@@ -309,6 +320,8 @@ class BigArray:
             raise IndexOutOfRangeError(index, self._tail, self._head) from None
         try:
             return page.mm[off : off + length]
+        except ValueError:  # the mapping was closed by close() in another thread
+            raise self._closed_error() from None
         finally:
             self._data.release(page)
 
@@ -361,6 +374,10 @@ class BigArray:
         except FileNotFoundError:
             # Retention removed pages under us.
             raise IndexOutOfRangeError(start, self._tail, self._head) from None
+        except ValueError:
+            if self._closed:  # close() in another thread unmapped the pages
+                raise self._closed_error() from None
+            raise
         return out
 
     def _index_fields(
@@ -370,7 +387,8 @@ class BigArray:
         within one index page. No view of the mapping outlives the page reference."""
         ipage = self._index.acquire(start >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
         try:
-            assert ipage.view is not None
+            if ipage.view is None:  # unmapped by close() in another thread
+                raise self._closed_error()
             slot = start & fmt.INDEX_SLOT_MASK
             view = ipage.view[slot : slot + m]
             fields = (view["page"].astype(np.int64), view["offset"].astype(np.int64), view["length"].astype(np.int64))
@@ -525,6 +543,8 @@ class BigArray:
 
     def _close_files(self) -> None:
         self._closed = True
+        if self._prefetch:
+            PREFETCHER.forget(self.path)
         for name in ("_index", "_data", "_meta"):
             factory = getattr(self, name, None)
             if factory is not None:
@@ -555,9 +575,14 @@ class BigArray:
                         log.info("array %s: data page size %d taken from its existing page %s", self.path, size, name)
                         break
             tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"format_version": fmt.FORMAT_VERSION, "data_page_size": size}, f)
-            os.replace(tmp, path)
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump({"format_version": fmt.FORMAT_VERSION, "data_page_size": size}, f)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptArrayError(f"cannot read {path}: {exc}") from exc
         if not fmt.MIN_DATA_PAGE_SIZE <= size <= fmt.MAX_DATA_PAGE_SIZE:
@@ -580,6 +605,8 @@ class BigArray:
                 page.mm, (index & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
             )
             return item
+        except ValueError:
+            raise self._closed_error() from None
         finally:
             self._index.release(page)
 

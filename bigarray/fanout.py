@@ -160,9 +160,27 @@ class FanoutQueue:
 
     # -- groups ------------------------------------------------------------------------
     def dequeue(self, group: str) -> bytes | None:
-        """Take the group's next item, or None when the group has read everything."""
-        items = self.dequeue_many(group, max_items=1)
-        return items[0] if items else None
+        """Take the group's next item, or None when the group has read everything.
+
+        The group's new position is saved before the item is returned.
+        """
+        g = self._group(group)
+        with g.lock:
+            while True:
+                index = self._front(g)
+                if index >= self.array.head:
+                    return None
+                try:
+                    item = self.array.get(index)
+                except IndexOutOfRangeError:
+                    if self.array.closed:
+                        raise
+                    continue  # retention moved the tail under us: start again from it
+                g.index = index + 1
+                break
+        if self._auto_cleanup:
+            self._maybe_cleanup()
+        return item
 
     def dequeue_many(self, group: str, *, max_items: int | None = None, max_bytes: int | None = None) -> list[bytes]:
         """Take the group's next items (at least one if any is left; see read_range).
@@ -321,7 +339,12 @@ class FanoutQueue:
             self._check_open()
             g = self._groups.get(group)
             if g is None:
-                g = _Group(group, os.path.join(self.path, fmt.FRONT_DIR_PREFIX + group))
+                folder = os.path.join(self.path, fmt.FRONT_DIR_PREFIX + group)
+                try:
+                    g = _Group(group, folder)
+                except BaseException:
+                    shutil.rmtree(folder, ignore_errors=True)  # e.g. a full disk: leave nothing behind
+                    raise
                 g.index = max(g.index, self.array.tail)
                 self._groups[group] = g
             return g

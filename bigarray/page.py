@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from cachetools import TTLCache
 
-from .errors import DiskFullError
+from .errors import ArrayClosedError, DiskFullError
 from .format import page_file_name, parse_page_file_name
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,7 @@ class PageFactory:
         self._preallocate = preallocate
         self._lock = threading.Lock()
         self._mapped: dict[int, MappedPage] = {}
+        self._closed = False
         self._cache = _PageCache(max_cached_pages, ttl_s, self._evicted)
         self._touch_interval_s = min(ttl_s / 8, 0.05)
         os.makedirs(folder, exist_ok=True)
@@ -168,10 +169,13 @@ class PageFactory:
 
         Raises:
             FileNotFoundError: the page file does not exist and ``create`` is False.
+            ArrayClosedError: the factory was closed.
             DiskFullError: a new page file could not be allocated.
         """
         now = time.monotonic()
         with self._lock:
+            if self._closed:
+                raise ArrayClosedError(f"pages in {self.folder} are closed")
             page = self._mapped.get(page_no)
             if page is None:
                 page = self._map(page_no, create)
@@ -247,6 +251,7 @@ class PageFactory:
     def close(self) -> None:
         """Flush and unmap every page, in use or not."""
         with self._lock:
+            self._closed = True
             self._cache.clear()
             for page in list(self._mapped.values()):
                 page.flush()

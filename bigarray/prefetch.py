@@ -35,6 +35,25 @@ class Prefetcher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._buf = bytearray(_CHUNK)
+        self._idle = threading.Condition(threading.Lock())
+        self._current: str | None = None
+        self._forgotten: set[str] = set()
+
+    def forget(self, folder: str) -> None:
+        """Drop queued work under ``folder`` and wait for the running job there to end.
+
+        Called when an array closes, so no page file appears in it afterwards.
+        """
+        prefix = folder.rstrip(os.sep) + os.sep
+        with self._idle:
+            self._forgotten.add(prefix)
+            while self._current is not None and self._current.startswith(prefix):
+                self._idle.wait(0.1)
+
+    def remember(self, folder: str) -> None:
+        """Accept work under ``folder`` again (an array opened there)."""
+        with self._idle:
+            self._forgotten.discard(folder.rstrip(os.sep) + os.sep)
 
     def prefetch(self, path: str, size: int, start: int = 0, *, create: bool = True) -> None:
         """Ask for ``path`` (``size`` bytes) to be allocated and read from ``start``.
@@ -54,11 +73,19 @@ class Prefetcher:
             create = start < 0
             if create:
                 start = -1 - start
+            with self._idle:
+                if any(path.startswith(prefix) for prefix in self._forgotten):
+                    continue
+                self._current = path
             try:
                 self._populate(path, size, start, create)
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
                     log.debug("prefetch of %s failed: %s", path, exc)
+            finally:
+                with self._idle:
+                    self._current = None
+                    self._idle.notify_all()
 
     def _populate(self, path: str, size: int, start: int, create: bool) -> None:
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
