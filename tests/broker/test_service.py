@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from idl import luxun_thrift as T
-
-from .conftest import PASSWORD
+from tests._broker import PASSWORD
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,0 +1,812 @@
+"""Benchmark bigarray against persistent-queue peers, in one run, on this machine.
+
+A program, not a test::
+
+    .venv/bin/python perf/bench_bigarray.py            # full run (~3 min on 2 cores)
+    .venv/bin/python perf/bench_bigarray.py --quick    # smoke run (~20 s)
+    .venv/bin/python perf/bench_bigarray.py --help
+
+Workloads, per item size (each one warmed up first, then timed; every loop is bounded by an
+item count, a byte budget and a number of seconds, and rates come from what was done):
+
+==============  =====================================================================
+append          ``BigArray.append`` one item per call
+append_many     ``BigArray.append_many`` in batches of 1000 items or 1 MiB, the smaller
+get             ``BigArray.get(i)`` for consecutive indexes
+dequeue         ``FanoutQueue.dequeue(group)`` one item per call
+read_range      ``BigArray.read_range(i, max_bytes=1 MiB)``
+dequeue_many    ``FanoutQueue.dequeue_many(group, max_bytes=1 MiB)``
+==============  =====================================================================
+
+The reads read what ``append_many`` wrote a moment before, so they come from the page
+cache (the usual case for a queue whose consumers keep up). No workload calls ``flush``
+(msync): a returned append already survives ``kill -9`` of the process.
+
+Peers do the same work in the same run. None has a batch API, so for batch workloads
+each runs its best loop (see ``PEER_METHODS``): persist-queue acknowledges a batch with
+one state save, diskcache wraps a batch in one SQLite transaction, queuelib has nothing
+better than its plain loop. Peers are much slower, so they run with their own, smaller
+budget (``--peer-items``, ``--peer-mb``, ``--peer-seconds``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bigarray import BigArray, FanoutQueue
+
+MIB = 1 << 20
+MB = 1_000_000
+BATCH_MAX_ITEMS = 1000
+BATCH_MAX_BYTES = MIB
+READ_MAX_BYTES = MIB
+#: Items per timed chunk of a per-item loop: the clock is read between chunks.
+CHUNK_MAX_ITEMS = 1000
+#: bigarray warm-up: at most this many items, this many bytes, a twentieth of the run.
+WARMUP_MAX_ITEMS = 10_000
+WARMUP_MAX_BYTES = 8 * MIB
+PEER_WARMUP_ITEMS = 20
+
+DEFAULT_SIZES = "100,1000,10000,100000"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_bigarray.json"
+ALL_PEERS = ("persist-queue", "queuelib", "diskcache")
+#: Peers whose acknowledged items survive kill -9 (queuelib saves its state only on close).
+DURABLE_PEERS = ("persist-queue", "diskcache")
+
+#: name -> (full run, --quick run) for the budget options.
+BUDGETS: dict[str, tuple[float, float]] = {
+    "items": (1_000_000, 20_000),
+    "max_mb": (512, 16),
+    "seconds": (3.0, 0.5),
+    "repeat": (3, 1),
+    "peer_items": (100_000, 2_000),
+    "peer_mb": (256, 8),
+    "peer_seconds": (2.0, 0.3),
+}
+
+WORKLOADS = ("append", "append_many", "get", "dequeue", "read_range", "dequeue_many")
+#: bigarray workload -> the peer workload it is compared with.
+PEER_WORKLOAD = {
+    "append": "put",
+    "append_many": "put_batch",
+    "get": "get",
+    "dequeue": "get",
+    "read_range": "get_batch",
+    "dequeue_many": "get_batch",
+}
+PEER_METHODS = {
+    "persist-queue": {
+        "class": "persistqueue.Queue(path, autosave=False, tempdir=<same filesystem>)",
+        "put": "put(item); every put saves the queue state (temp file + rename)",
+        "put_batch": "put(item) loop (no batch API, no way to save the state once per batch)",
+        "get": "get(block=False); task_done() per item: the state is saved per item",
+        "get_batch": "get(block=False) x batch, then task_done() x batch: the state is saved once per batch",
+    },
+    "queuelib": {
+        "class": "queuelib.FifoDiskQueue(path); its head/tail state is saved only by close(): not crash-safe",
+        "put": "push(item)",
+        "put_batch": "push(item) loop (no batch API)",
+        "get": "pop()",
+        "get_batch": "pop() loop (no batch API)",
+    },
+    "diskcache": {
+        "class": "diskcache.Deque(directory=path)",
+        "put": "append(item); one SQLite transaction per item",
+        "put_batch": "append(item) x batch inside one `with deque.transact():`",
+        "get": "popleft(); one SQLite transaction per item",
+        "get_batch": "popleft() x batch inside one `with deque.transact():`",
+    },
+}
+
+
+# -- measurements ---------------------------------------------------------------------------
+@dataclass
+class Result:
+    """One timed loop: ``items`` items of ``item_size`` bytes in ``seconds``."""
+
+    library: str
+    workload: str
+    item_size: int
+    items: int
+    seconds: float
+    stopped_by: str  # "count", "time" or "empty" (nothing left to read)
+    #: items/s of every repeat when this is the median of several runs.
+    runs: list[float] = field(default_factory=list)
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.items_per_s * self.item_size / MB
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the repeats' items/s; 0 for a single run."""
+        return (max(self.runs) - min(self.runs)) / self.items_per_s if len(self.runs) > 1 and self.seconds else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "items_per_s": self.items_per_s, "mb_per_s": self.mb_per_s}
+
+
+def median_results(repeats: list[list[Result]]) -> list[Result]:
+    """Per workload, the run with the median items/s (the lower middle one for an even count),
+    carrying every run's rate in ``runs``."""
+    out = []
+    for same in zip(*repeats, strict=True):
+        ranked = sorted(same, key=lambda r: r.items_per_s)
+        out.append(replace(ranked[(len(ranked) - 1) // 2], runs=[r.items_per_s for r in same]))
+    return out
+
+
+Step = Callable[[int], int]
+
+
+def run_bounded(step: Step, count: int, seconds: float, chunk: int) -> tuple[int, float, str]:
+    """Call ``step(k)`` (does up to ``k`` items, returns how many) until ``count`` items are
+    done, ``seconds`` have passed (checked between steps) or a step does nothing.
+
+    Returns (items done, elapsed seconds, what stopped the loop).
+    """
+    done = 0
+    stopped = "count"
+    start = time.perf_counter()
+    deadline = start + seconds
+    while done < count:
+        k = step(min(chunk, count - done))
+        done += k
+        if k == 0:
+            stopped = "empty"
+            break
+        if done < count and time.perf_counter() >= deadline:
+            stopped = "time"
+            break
+    return done, time.perf_counter() - start, stopped
+
+
+def measure(
+    library: str, workload: str, size: int, step: Step, *, warmup: int, count: int, seconds: float, chunk: int
+) -> Result:
+    """Warm up with ``warmup`` items (untimed, bounded by ``seconds``), then time ``count`` items."""
+    if warmup:
+        run_bounded(step, warmup, seconds, chunk)
+    done, elapsed, stopped = run_bounded(step, count, seconds, chunk)
+    result = Result(library, workload, size, done, elapsed, stopped)
+    print(
+        f"  {library:<13} {workload:<12} {size:>7} B  {done:>9} items  {elapsed:6.2f} s  "
+        f"{fmt_rate(result.items_per_s):>8}/s  {result.mb_per_s:9.1f} MB/s  ({stopped})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result
+
+
+def make_pool(size: int, count: int) -> list[bytes]:
+    """``count`` distinct random items of ``size`` bytes."""
+    buf = os.urandom(size + count)
+    return [buf[i : i + size] for i in range(count)]
+
+
+def batch_items(size: int) -> int:
+    return max(1, min(BATCH_MAX_ITEMS, BATCH_MAX_BYTES // size))
+
+
+def chunk_items(size: int) -> int:
+    return max(1, min(CHUNK_MAX_ITEMS, BATCH_MAX_BYTES // size))
+
+
+# -- bigarray -------------------------------------------------------------------------------
+def bench_bigarray(size: int, root: Path, args: argparse.Namespace) -> list[Result]:
+    count = max(1, min(int(args.items), int(args.max_mb * MIB) // size))
+    warm = max(1, min(WARMUP_MAX_ITEMS, WARMUP_MAX_BYTES // size, count // 20))
+    chunk, batch = chunk_items(size), batch_items(size)
+    pool = make_pool(size, max(chunk, batch))
+    known = set(pool)
+    opts = {"data_page_size": args.data_page_mb * MIB}
+    results: list[Result] = []
+
+    def timed(workload: str, step: Step, chunk: int) -> Result:
+        result = measure("bigarray", workload, size, step, warmup=warm, count=count, seconds=args.seconds, chunk=chunk)
+        results.append(result)
+        return result
+
+    # append: a BigArray of its own, deleted right after (its dirty pages are dropped unwritten).
+    with BigArray(root / "append", **opts) as arr:
+        append = arr.append
+
+        def append_step(k: int) -> int:
+            for item in pool[:k]:
+                append(item)
+            return k
+
+        timed("append", append_step, chunk)
+        check(arr.head == results[-1].items + warm, "append: head does not match the items appended")
+        check(arr.get(arr.head - 1) in known, "append: last item is not one that was appended")
+    remove_tree(root / "append")
+
+    # append_many writes the queue the four read workloads then read.
+    with FanoutQueue(root / "queue", **opts) as q:
+        arr = q.array
+        append_many = arr.append_many
+
+        def append_many_step(k: int) -> int:
+            append_many(pool[:k])
+            return k
+
+        timed("append_many", append_many_step, batch)
+        head = arr.head
+        check(head == results[-1].items + warm, "append_many: head does not match the items appended")
+
+        get, read_range = arr.get, arr.read_range
+        pos = 0
+
+        def get_step(k: int) -> int:
+            nonlocal pos
+            k = min(k, head - pos)
+            for i in range(pos, pos + k):
+                get(i)
+            pos += k
+            return k
+
+        def read_range_step(k: int) -> int:
+            nonlocal pos
+            if pos >= head:
+                return 0
+            n = len(read_range(pos, max_items=k, max_bytes=READ_MAX_BYTES))
+            pos += n
+            return n
+
+        dequeue, dequeue_many = q.dequeue, q.dequeue_many
+
+        def dequeue_step(k: int) -> int:
+            for i in range(k):
+                if dequeue("one") is None:
+                    return i
+            return k
+
+        def dequeue_many_step(k: int) -> int:
+            return len(dequeue_many("many", max_items=k, max_bytes=READ_MAX_BYTES))
+
+        timed("get", get_step, chunk)
+        pos = 0
+        timed("read_range", read_range_step, count)
+        timed("dequeue", dequeue_step, chunk)
+        timed("dequeue_many", dequeue_many_step, count)
+        for group in ("one", "many"):
+            index = q.group_index(group)
+            check(index > 0 and q.get(index - 1) in known, f"{group}: last item read is not one that was appended")
+        check(sum(len(b) for b in arr.read_range(0, max_items=100)) == size * min(100, head), "read_range: bad sizes")
+    remove_tree(root / "queue")
+    order = {w: i for i, w in enumerate(WORKLOADS)}
+    return sorted(results, key=lambda r: order[r.workload])
+
+
+def remove_tree(path: Path, timeout_s: float = 10.0) -> None:
+    """Remove a directory tree, retrying for up to ``timeout_s``.
+
+    bigarray's background prefetcher may still be creating the next page file of an
+    array that was just closed, so one ``rmtree`` can meet a file that appeared after it
+    listed the folder.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise SystemExit(f"bench_bigarray: sanity check failed: {message}")
+
+
+# -- peers ----------------------------------------------------------------------------------
+class Peer:
+    """A peer queue, seen through four loops: put, put_batch, get, get_batch.
+
+    Each loop does up to ``len(items)`` (puts) or ``k`` (gets) items and returns how many.
+    """
+
+    name = ""
+
+    def put(self, items: list[bytes]) -> int:
+        raise NotImplementedError
+
+    def put_batch(self, items: list[bytes]) -> int:
+        return self.put(items)
+
+    def get(self, k: int) -> int:
+        raise NotImplementedError
+
+    def get_batch(self, k: int) -> int:
+        return self.get(k)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class PersistQueuePeer(Peer):
+    name = "persist-queue"
+
+    def __init__(self, path: Path) -> None:
+        import persistqueue
+
+        self._empty = persistqueue.Empty
+        tmp = path.parent / (path.name + "-tmp")
+        tmp.mkdir()
+        self.q = persistqueue.Queue(str(path), autosave=False, tempdir=str(tmp))
+
+    def put(self, items: list[bytes]) -> int:
+        put = self.q.put
+        for item in items:
+            put(item)
+        return len(items)
+
+    def get(self, k: int) -> int:
+        get, task_done = self.q.get, self.q.task_done
+        for i in range(k):
+            try:
+                get(block=False)
+            except self._empty:
+                return i
+            task_done()
+        return k
+
+    def get_batch(self, k: int) -> int:
+        get, task_done = self.q.get, self.q.task_done
+        n = 0
+        with contextlib.suppress(self._empty):
+            for _ in range(k):
+                get(block=False)
+                n += 1
+        for _ in range(n):
+            task_done()  # the first call saves the state, the others find nothing to save
+        return n
+
+    def close(self) -> None:
+        self.q.headf.close()
+        self.q.tailf.close()
+
+
+class QueuelibPeer(Peer):
+    name = "queuelib"
+
+    def __init__(self, path: Path) -> None:
+        from queuelib import FifoDiskQueue
+
+        self.q = FifoDiskQueue(str(path))
+
+    def put(self, items: list[bytes]) -> int:
+        push = self.q.push
+        for item in items:
+            push(item)
+        return len(items)
+
+    def get(self, k: int) -> int:
+        pop = self.q.pop
+        for i in range(k):
+            if pop() is None:
+                return i
+        return k
+
+    def close(self) -> None:
+        self.q.close()
+
+
+class DiskcachePeer(Peer):
+    name = "diskcache"
+
+    def __init__(self, path: Path) -> None:
+        from diskcache import Deque
+
+        self.q = Deque(directory=str(path))
+
+    def put(self, items: list[bytes]) -> int:
+        append = self.q.append
+        for item in items:
+            append(item)
+        return len(items)
+
+    def put_batch(self, items: list[bytes]) -> int:
+        with self.q.transact():
+            return self.put(items)
+
+    def get(self, k: int) -> int:
+        popleft = self.q.popleft
+        for i in range(k):
+            try:
+                popleft()
+            except IndexError:
+                return i
+        return k
+
+    def get_batch(self, k: int) -> int:
+        with self.q.transact():
+            return self.get(k)
+
+    def close(self) -> None:
+        self.q._cache.close()  # Deque has no close() of its own
+
+
+PEER_CLASSES: dict[str, Callable[[Path], Peer]] = {
+    "persist-queue": PersistQueuePeer,
+    "queuelib": QueuelibPeer,
+    "diskcache": DiskcachePeer,
+}
+
+
+def bench_peer(name: str, size: int, root: Path, args: argparse.Namespace) -> list[Result]:
+    """put, put_batch, then get and get_batch (which share out what the puts wrote)."""
+    count = max(1, min(int(args.peer_items), int(args.peer_mb * MIB) // size))
+    chunk, batch = chunk_items(size), batch_items(size)
+    pool = make_pool(size, max(chunk, batch))
+    path = root / name
+    peer = PEER_CLASSES[name](path)
+    results = []
+    try:
+        written = 0
+        for workload, loop, step_items in (("put", peer.put, chunk), ("put_batch", peer.put_batch, batch)):
+
+            def put_step(k: int, loop: Callable[[list[bytes]], int] = loop) -> int:
+                return loop(pool[:k])
+
+            r = measure(
+                name,
+                workload,
+                size,
+                put_step,
+                warmup=PEER_WARMUP_ITEMS,
+                count=count,
+                seconds=args.peer_seconds,
+                chunk=step_items,
+            )
+            results.append(r)
+            written += PEER_WARMUP_ITEMS + r.items
+        # Reads: each warms up on PEER_WARMUP_ITEMS, get takes half of the rest, get_batch the remainder.
+        left = written - 2 * PEER_WARMUP_ITEMS
+        for workload, get_loop, step_items, share in (
+            ("get", peer.get, chunk, left // 2),
+            ("get_batch", peer.get_batch, batch, left),
+        ):
+            r = measure(
+                name,
+                workload,
+                size,
+                get_loop,
+                warmup=PEER_WARMUP_ITEMS,
+                count=max(1, share),
+                seconds=args.peer_seconds,
+                chunk=step_items,
+            )
+            results.append(r)
+            left -= r.items
+    finally:
+        peer.close()
+        remove_tree(path)
+        remove_tree(path.parent / (path.name + "-tmp"))
+    return results
+
+
+# -- machine --------------------------------------------------------------------------------
+def machine_info(data_dir: Path) -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ram_gib = 0.0
+    with contextlib.suppress(OSError), open("/proc/meminfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                ram_gib = int(line.split()[1]) / (1 << 20)
+                break
+    os_name = platform.platform()
+    with contextlib.suppress(OSError), open("/etc/os-release", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("PRETTY_NAME="):
+                os_name = f"{line.split('=', 1)[1].strip().strip(chr(34))} (Linux {platform.release()})"
+    versions = {}
+    for dist in ("persist-queue", "queuelib", "diskcache"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "ram_gib": round(ram_gib, 1),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "os": os_name,
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "data_dir": str(data_dir),
+        "data_dir_filesystem": filesystem_of(data_dir),
+        "git_commit": git_commit(),
+        "peer_versions": versions,
+    }
+
+
+def filesystem_of(path: Path) -> str:
+    """Type and device of the mount holding ``path`` (longest matching mount point)."""
+    best = ("", "unknown")
+    with contextlib.suppress(OSError), open("/proc/mounts", encoding="utf-8") as f:
+        for line in f:
+            dev, mount, fstype = line.split()[:3]
+            if str(path.resolve()).startswith(mount.rstrip("/") + "/") and len(mount) > len(best[0]):
+                best = (mount, f"{fstype} on {dev}")
+    return best[1]
+
+
+def git_commit() -> str:
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+# -- report ---------------------------------------------------------------------------------
+def fmt_rate(x: float) -> str:
+    for limit, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= limit:
+            return f"{x / limit:.2f} {unit}" if x < 10 * limit else f"{x / limit:.1f} {unit}"
+    return f"{x:.0f}"
+
+
+def best_peer(peers: dict[tuple[str, str, int], Result], names: list[str], workload: str, size: int) -> float:
+    return max((peers[(n, PEER_WORKLOAD[workload], size)].items_per_s for n in names), default=0.0)
+
+
+def targets(
+    ours: dict[tuple[str, int], Result], peers: dict[tuple[str, str, int], Result], names: list[str]
+) -> list[dict[str, Any]]:
+    """The issue's targets, each with its measured value and reached / not reached."""
+
+    def rate(workload: str, size: int) -> float | None:
+        r = ours.get((workload, size))
+        return None if r is None else r.items_per_s
+
+    def mbps(workload: str, size: int) -> float | None:
+        r = ours.get((workload, size))
+        return None if r is None else r.mb_per_s
+
+    out = []
+
+    def target(name: str, value: float | None, goal: float, shown: str, detail: str = "") -> None:
+        reached = None if value is None else value >= goal
+        shown = "not measured" if value is None else shown
+        out.append({"target": name, "value": value, "goal": goal, "reached": reached, "shown": shown, "detail": detail})
+
+    for name, workload, size, goal in (
+        ("batch append 100 B >= 3 M items/s (append_many)", "append_many", 100, 3e6),
+        ("batch read 100 B >= 5 M items/s (read_range)", "read_range", 100, 5e6),
+        ("batch read 100 B >= 5 M items/s (dequeue_many)", "dequeue_many", 100, 5e6),
+        ("per-item append 100 B >= 300 k items/s (append)", "append", 100, 3e5),
+    ):
+        value = rate(workload, size)
+        target(name, value, goal, f"{fmt_rate(value or 0)} items/s")
+    for workload in ("append_many", "read_range", "dequeue_many"):
+        value = mbps(workload, 100_000)
+        target(f"100 KB items >= 1 GB/s ({workload})", value, 1000.0, f"{(value or 0) / 1000:.2f} GB/s")
+    if names and ours:
+        ratios = {key: r.items_per_s / max(best_peer(peers, names, *key), 1e-9) for key, r in ours.items()}
+        ranked = sorted(ratios.items(), key=lambda kv: kv[1])
+        (worst_workload, worst_size), worst = ranked[0]
+        misses = [f"{w} {s} B {x:.1f}x" for (w, s), x in ranked if x < 10]
+        detail = f"{len(misses)} of {len(ratios)} rows below 10x: " + ", ".join(misses) if misses else ""
+        name = f"every workload >= 10x the best peer (lowest: {worst_workload} {worst_size} B)"
+        target(name, worst, 10.0, f"{worst:.1f}x", detail)
+    else:
+        target("every workload >= 10x the best peer", None, 10.0, "", "no peers run")
+    return out
+
+
+def render(
+    machine: dict[str, Any],
+    config: dict[str, Any],
+    results: list[Result],
+    peer_results: list[Result],
+    names: list[str],
+    goals: list[dict[str, Any]],
+) -> str:
+    peers = {(r.library, r.workload, r.item_size): r for r in peer_results}
+    lines = [
+        "bigarray benchmark",
+        f"machine: {machine['cpu']}, {machine['cores']} cores ({machine['cores_usable']} usable), "
+        f"{machine['ram_gib']} GiB RAM; {machine['os']}",
+        f"python {machine['python']}, numpy {machine['numpy']}; git {machine['git_commit']}; "
+        f"load average (1, 5, 15 min) at start {machine['load_average_start']}, "
+        f"at end {machine['load_average_end']}",
+        f"data dir: {machine['data_dir']} ({machine['data_dir_filesystem']}); "
+        f"data page {config['data_page_mb']} MiB; peers: "
+        + (", ".join(f"{n} {machine['peer_versions'].get(n, '?')}" for n in names) or "none"),
+        f"budget per workload: bigarray {config['items']} items / {config['max_mb']} MiB / {config['seconds']} s; "
+        f"peers {config['peer_items']} items / {config['peer_mb']} MiB / {config['peer_seconds']} s",
+        "rates: items (or MB = 10^6 bytes) per second over what each loop did; one thread; reads hit the page cache",
+        "",
+    ]
+    durable = [n for n in names if n in DURABLE_PEERS]
+    head = f"{'workload':<13}{'size B':>7}{'items':>9}{'bigarray/s':>11}{'spread':>7}{'MB/s':>9}"
+    head += "".join(f"{n + '/s':>16}" for n in names) + f"{'x best peer':>12}{'x durable':>10}"
+    lines += [head, "-" * len(head)]
+    for r in results:
+        row = f"{r.workload:<13}{r.item_size:>7}{r.items:>9}{fmt_rate(r.items_per_s):>11}"
+        row += f"{r.spread:>6.0%} {r.mb_per_s:>9.1f}" if r.runs else f"{'-':>7}{r.mb_per_s:>9.1f}"
+        for n in names:
+            row += f"{fmt_rate(peers[(n, PEER_WORKLOAD[r.workload], r.item_size)].items_per_s):>16}"
+        for width, group in ((12, names), (10, durable)):
+            best = best_peer(peers, group, r.workload, r.item_size)
+            row += f"{r.items_per_s / best:>{width - 1}.1f}x" if best else f"{'-':>{width}}"
+        lines.append(row)
+    lines.append(
+        f"bigarray/s: median of {config['repeat']} run(s); spread: (max - min) / median over the runs; "
+        "x durable: vs the best crash-safe peer (not queuelib)"
+    )
+    lines += ["", "targets:"]
+    for g in goals:
+        mark = {True: "reached    ", False: "NOT reached", None: "n/a        "}[g["reached"]]
+        lines.append(f"  [{mark}] {g['target']}: {g['shown']}")
+        if g["detail"]:
+            lines.append(f"                {g['detail']}")
+    if names:
+        lines += ["", "peer loops (no peer has a batch API; batch rows use each one's best loop):"]
+        for n in names:
+            m = PEER_METHODS[n]
+            lines.append(f"  {n}: {m['class']}")
+            for w in ("put", "put_batch", "get", "get_batch"):
+                lines.append(f"    {w:<10} {m[w]}")
+        lines.append(
+            "  compared: append->put, append_many->put_batch, get/dequeue->get, read_range/dequeue_many->get_batch"
+        )
+    return "\n".join(lines)
+
+
+# -- main -----------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"item sizes in bytes, comma-separated (default {DEFAULT_SIZES})"
+    )
+    p.add_argument("--items", type=int, help="bigarray: max items per workload (default 1000000; --quick 20000)")
+    p.add_argument("--max-mb", type=float, help="bigarray: max MiB per workload (default 512; --quick 16)")
+    p.add_argument("--seconds", type=float, help="bigarray: max timed seconds per workload (default 3; --quick 0.5)")
+    p.add_argument(
+        "--repeat", type=int, help="bigarray: runs per workload, the median is reported (default 3; --quick 1)"
+    )
+    p.add_argument("--peer-items", type=int, help="peers: max items per workload (default 100000; --quick 2000)")
+    p.add_argument("--peer-mb", type=float, help="peers: max MiB per workload (default 256; --quick 8)")
+    p.add_argument("--peer-seconds", type=float, help="peers: max timed seconds per workload (default 2; --quick 0.3)")
+    p.add_argument(
+        "--peers", default=",".join(ALL_PEERS), help=f"comma-separated subset of {','.join(ALL_PEERS)}, or 'none'"
+    )
+    p.add_argument("--data-page-mb", type=int, default=128, help="BigArray data page size in MiB (default 128)")
+    p.add_argument(
+        "--data-dir", type=Path, help="where a temporary working dir is made and removed afterwards (default: /tmp)"
+    )
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
+    p.add_argument("--quick", action="store_true", help="short smoke run: small budgets")
+    args = p.parse_args(argv)
+    for name, (full, quick) in BUDGETS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        p.error("--sizes takes integers, e.g. 100,1000")
+    if not args.sizes or min(args.sizes) <= 0 or max(args.sizes) > args.data_page_mb * MIB:
+        p.error("--sizes must be positive and at most the data page size")
+    names = [] if args.peers.strip() == "none" else [n.strip() for n in args.peers.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ALL_PEERS))
+    if unknown:
+        p.error(f"unknown peer(s) {unknown}; choose from {list(ALL_PEERS)}")
+    args.peers = [n for n in ALL_PEERS if n in names]
+    return args
+
+
+@contextlib.contextmanager
+def work_dir(parent: Path | None) -> Iterator[Path]:
+    """A fresh directory under ``parent`` (or the system temp dir), removed at the end."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="bench_bigarray-", dir=parent))
+    try:
+        yield path
+    finally:
+        remove_tree(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.time()
+    results: list[Result] = []
+    peer_results: list[Result] = []
+    with work_dir(args.data_dir) as root:
+        machine = machine_info(root)
+        print(f"bench_bigarray: working in {root}", file=sys.stderr, flush=True)
+        for size in args.sizes:
+            size_dir = root / f"size-{size}"
+            size_dir.mkdir()
+            repeats = []
+            for i in range(args.repeat):
+                run_dir = size_dir / f"run-{i}"
+                run_dir.mkdir()
+                os.sync()  # start each run with no write-back of earlier runs pending
+                repeats.append(bench_bigarray(size, run_dir, args))
+                remove_tree(run_dir)
+            results += median_results(repeats)
+            for name in args.peers:
+                os.sync()
+                peer_results += bench_peer(name, size, size_dir, args)
+            remove_tree(size_dir)
+        machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    config = {k: getattr(args, k) for k in BUDGETS} | {
+        "sizes": args.sizes,
+        "peers": args.peers,
+        "data_page_mb": args.data_page_mb,
+        "quick": args.quick,
+        "batch": f"min({BATCH_MAX_ITEMS} items, {BATCH_MAX_BYTES} bytes)",
+        "read_max_bytes": READ_MAX_BYTES,
+    }
+    ours = {(r.workload, r.item_size): r for r in results}
+    peers = {(r.library, r.workload, r.item_size): r for r in peer_results}
+    goals = targets(ours, peers, args.peers)
+    print(render(machine, config, results, peer_results, args.peers, goals))
+    report = {
+        "benchmark": "bench_bigarray",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": round(time.time() - started, 1),
+        "machine": machine,
+        "config": config,
+        "bigarray": [r.to_json() for r in results],
+        "peers": [r.to_json() for r in peer_results],
+        "peer_methods": {n: PEER_METHODS[n] for n in args.peers},
+        "compared_with": PEER_WORKLOAD,
+        "speedup_vs_best_peer": {
+            f"{r.workload}/{r.item_size}": r.items_per_s / best
+            for r in results
+            if (best := best_peer(peers, args.peers, r.workload, r.item_size))
+        },
+        "speedup_vs_best_durable_peer": {
+            f"{r.workload}/{r.item_size}": r.items_per_s / best
+            for r in results
+            if (best := best_peer(peers, [n for n in args.peers if n in DURABLE_PEERS], r.workload, r.item_size))
+        },
+        "targets": [{k: v for k, v in g.items() if k != "shown"} for g in goals],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"\nresults written to {args.json} ({report['duration_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""A real luxun broker in a subprocess on a free loopback port (shared by test tiers)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from thriftpy2.protocol import TCyBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TCyFramedTransportFactory
+
+from idl import QueueService
+
+PASSWORD = "secret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BrokerProcess:
+    """``python -m luxun.cli serve`` in a subprocess; its stderr goes to a log file."""
+
+    def __init__(self, data_dir: Path, log_path: Path, *extra: str, metrics: bool = False) -> None:
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.extra = list(extra)
+        self.port = free_port()
+        self.metrics_port = free_port() if metrics else 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 20.0) -> BrokerProcess:
+        cmd = [
+            sys.executable, "-m", "luxun.cli", "serve",
+            "--data-dir", str(self.data_dir),
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--metrics-port", str(self.metrics_port),
+            "--password", f"plain:{PASSWORD}",
+            *self.extra,
+        ]  # fmt: skip
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"broker did not listen within {timeout_s}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+    def client(self, timeout_ms: int | None = 10_000) -> Any:
+        return make_client(
+            QueueService,
+            "127.0.0.1",
+            self.port,
+            proto_factory=TCyBinaryProtocolFactory(),
+            trans_factory=TCyFramedTransportFactory(),
+            timeout=timeout_ms,
+        )
