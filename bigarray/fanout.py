@@ -20,7 +20,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -39,10 +39,11 @@ DEFAULT_CLEANUP_INTERVAL_S = 1.0
 
 
 class _Group:
-    __slots__ = ("factory", "lock", "name", "page")
+    __slots__ = ("closed", "factory", "lock", "name", "page")
 
     def __init__(self, name: str, folder: str) -> None:
         self.name = name
+        self.closed = False
         self.lock = threading.Lock()
         self.factory = PageFactory(folder, fmt.FRONT_PAGE_SIZE, max_cached_pages=1)
         self.page: MappedPage = self.factory.acquire(0, create=True)
@@ -57,6 +58,7 @@ class _Group:
         _I64.pack_into(self.page.mm, 0, value)
 
     def close(self) -> None:
+        self.closed = True
         self.factory.close()
 
 
@@ -164,8 +166,7 @@ class FanoutQueue:
 
         The group's new position is saved before the item is returned.
         """
-        g = self._group(group)
-        with g.lock:
+        with self._locked_group(group) as g:
             while True:
                 index = self._front(g)
                 if index >= self.array.head:
@@ -187,8 +188,7 @@ class FanoutQueue:
 
         The group's new position is saved before the items are returned.
         """
-        g = self._group(group)
-        with g.lock:
+        with self._locked_group(group) as g:
             while True:
                 start = self._front(g)
                 if start >= self.array.head:
@@ -237,8 +237,7 @@ class FanoutQueue:
 
     def reset_group(self, group: str, index: int) -> None:
         """Move the group to ``index`` (tail <= index <= head); creates the group."""
-        g = self._group(group)
-        with g.lock:
+        with self._locked_group(group) as g:
             tail, head = self.array.tail, self.array.head
             if not tail <= index <= head:
                 raise IndexOutOfRangeError(index, tail, head + 1)
@@ -252,12 +251,12 @@ class FanoutQueue:
     def remove_group(self, group: str) -> None:
         """Forget a group and delete its position file. Unknown groups are a no-op."""
         validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
-        with self._lock:
+        with self._lock:  # held throughout, so the group cannot be re-created half-way
             self._check_open()
             g = self._groups.pop(group, None)
-        if g is not None:
-            with g.lock:
-                g.close()
+            if g is not None:
+                with g.lock:
+                    g.close()  # readers that hold it look the group up again
                 shutil.rmtree(os.path.join(self.path, fmt.FRONT_DIR_PREFIX + group), ignore_errors=True)
 
     # -- retention ---------------------------------------------------------------------
@@ -348,6 +347,17 @@ class FanoutQueue:
                 g.index = max(g.index, self.array.tail)
                 self._groups[group] = g
             return g
+
+    @contextlib.contextmanager
+    def _locked_group(self, group: str) -> Iterator[_Group]:
+        """The group, created if needed, with its lock held; never one being removed."""
+        while True:
+            g = self._group(group)
+            with g.lock:
+                if not g.closed:
+                    yield g
+                    return
+            self._check_open()
 
     def _front(self, g: _Group) -> int:
         """The group's position, moved up to tail (logged) if retention overtook it."""

@@ -38,6 +38,7 @@ class Prefetcher:
         self._idle = threading.Condition(threading.Lock())
         self._current: str | None = None
         self._forgotten: set[str] = set()
+        self._cancel = False
 
     def forget(self, folder: str) -> None:
         """Drop queued work under ``folder`` and wait for the running job there to end.
@@ -48,6 +49,7 @@ class Prefetcher:
         with self._idle:
             self._forgotten.add(prefix)
             while self._current is not None and self._current.startswith(prefix):
+                self._cancel = True  # the running read stops at its next chunk
                 self._idle.wait(0.1)
 
     def remember(self, folder: str) -> None:
@@ -85,6 +87,9 @@ class Prefetcher:
             finally:
                 with self._idle:
                     self._current = None
+                    self._cancel = False
+                    if self._jobs.empty():
+                        self._forgotten.clear()  # no queued job can refer to them any more
                     self._idle.notify_all()
 
     def _populate(self, path: str, size: int, start: int, create: bool) -> None:
@@ -94,7 +99,7 @@ class Prefetcher:
                 os.posix_fallocate(fd, 0, size)
             buf = [self._buf]
             off = start - start % 4096
-            while off < size:
+            while off < size and not self._cancel:
                 if os.preadv(fd, buf, off) <= 0:
                     break
                 off += _CHUNK

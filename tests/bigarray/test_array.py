@@ -1,0 +1,648 @@
+"""Unit tests of BigArray: appending, reading, time lookups, retention, lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import textwrap
+
+import pytest
+
+from bigarray import (
+    EARLIEST,
+    LATEST,
+    ArrayClosedError,
+    ArrayEmptyError,
+    ArrayLockedError,
+    BigArray,
+    BigArrayError,
+    FanoutQueue,
+    IndexOutOfRangeError,
+    ItemTooLargeError,
+)
+
+from ._util import (
+    PYTHON,
+    ROOT,
+    FakeClock,
+    allocated_bytes,
+    free_bytes,
+    mapped_files,
+    open_deleted_files,
+    page_files,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+PAGE = 4096
+
+
+def open_array(path, **kw) -> BigArray:
+    kw.setdefault("data_page_size", PAGE)
+    return BigArray(path, **kw)
+
+
+def sized_items(n: int, seed: int = 0, max_len: int = 1500) -> list[bytes]:
+    rng = random.Random(seed)
+    return [bytes([i % 256]) * rng.randrange(0, max_len) for i in range(n)]
+
+
+# -- append / get ---------------------------------------------------------------------
+def test_append_returns_consecutive_indexes(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        assert [arr.append(b"item-%d" % i) for i in range(5)] == [0, 1, 2, 3, 4]
+        assert [arr.get(i) for i in range(5)] == [b"item-%d" % i for i in range(5)]
+
+
+def test_append_accepts_bytes_like(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        arr.append(bytearray(b"ba"))
+        arr.append(memoryview(b"xmvx")[1:3])
+        arr.append_many([bytearray(b"1"), memoryview(b"22"), b"333"])
+        assert [arr.get(i) for i in range(5)] == [b"ba", b"mv", b"1", b"22", b"333"]
+        assert all(type(arr.get(i)) is bytes for i in range(5))
+
+
+def test_empty_items(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        arr.append(b"")
+        arr.append_many([b"", b"x", b""])
+        assert [arr.get(i) for i in range(4)] == [b"", b"", b"x", b""]
+        assert arr.read_range(0) == [b"", b"", b"x", b""]
+        assert arr.item_length(0) == 0
+
+
+def test_append_many_returns_first_index(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        assert arr.append_many([b"a", b"b"]) == 0
+        assert arr.append(b"c") == 2
+        assert arr.append_many(iter([b"d", b"e", b"f"])) == 3  # any iterable
+        assert arr.append_many([]) == 6  # empty: head, nothing appended
+        assert arr.head == 6
+        assert arr.read_range(0) == [b"a", b"b", b"c", b"d", b"e", b"f"]
+
+
+def test_items_cross_many_data_pages(tmp_path):
+    items = sized_items(400, seed=1)
+    with open_array(tmp_path / "a", prefetch=False) as arr:
+        for k in range(0, 200, 7):
+            arr.append_many(items[k : min(k + 7, 200)])
+        for item in items[200:]:
+            arr.append(item)
+        assert arr.size == 400
+        assert [arr.get(i) for i in range(400)] == items
+        assert arr.read_range(0) == items
+    # ~300 KB of items in 4 KiB pages: many data pages were used
+    assert len(page_files(tmp_path / "a" / "data")) > 60
+
+
+def test_item_of_exactly_a_data_page(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        arr.append(b"s")
+        big = bytes(range(256)) * (PAGE // 256)
+        assert len(big) == PAGE
+        assert arr.append(big) == 1
+        assert arr.append_many([b"t", big, big]) == 2
+        assert arr.read_range(0) == [b"s", big, b"t", big, big]
+
+
+def test_item_too_large_is_refused_with_sizes(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        arr.append(b"before")
+        with pytest.raises(ItemTooLargeError) as info:
+            arr.append(b"x" * (PAGE + 1))
+        assert str(PAGE + 1) in str(info.value)
+        assert str(PAGE) in str(info.value).replace(str(PAGE + 1), "")
+        assert isinstance(info.value, BigArrayError)
+        assert isinstance(info.value, ValueError)
+        assert arr.head == 1
+        assert arr.append(b"after") == 1
+        assert arr.read_range(0) == [b"before", b"after"]
+
+
+def test_append_many_is_all_or_nothing(tmp_path):
+    path = tmp_path / "a"
+    with open_array(path) as arr:
+        arr.append_many([b"a" * 1000, b"b" * 1000])
+        batch = [b"c" * 3000, b"d" * 3000, b"e" * (PAGE * 2), b"f"]
+        with pytest.raises(ItemTooLargeError) as info:
+            arr.append_many(batch)
+        assert str(PAGE * 2) in str(info.value)
+        assert arr.head == 2
+        with pytest.raises(IndexOutOfRangeError):
+            arr.get(2)
+        assert arr.append_many([b"g" * 10, b"h" * 3000]) == 2
+        assert arr.read_range(0) == [b"a" * 1000, b"b" * 1000, b"g" * 10, b"h" * 3000]
+    with open_array(path) as arr:
+        assert arr.read_range(0) == [b"a" * 1000, b"b" * 1000, b"g" * 10, b"h" * 3000]
+
+
+def test_get_out_of_range(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        with pytest.raises(IndexOutOfRangeError):
+            arr.get(0)
+        arr.append_many([b"a", b"b", b"c"])
+        for bad in (-1, 3, 4, 1 << 40):
+            with pytest.raises(IndexOutOfRangeError) as info:
+                arr.get(bad)
+            assert isinstance(info.value, IndexError)
+        arr.remove_before_index(2)
+        with pytest.raises(IndexOutOfRangeError):
+            arr.get(1)
+        assert arr.get(2) == b"c"
+
+
+# -- read_range -----------------------------------------------------------------------
+def test_read_range_limits(tmp_path):
+    items = [b"%02d" % i + b"x" * 8 for i in range(20)]  # 10 bytes each
+    with open_array(tmp_path / "a") as arr:
+        arr.append_many(items)
+        assert arr.read_range(0) == items
+        assert arr.read_range(5) == items[5:]
+        assert arr.read_range(19) == items[19:]
+        assert arr.read_range(3, max_items=4) == items[3:7]
+        assert arr.read_range(18, max_items=10) == items[18:]
+        assert arr.read_range(0, max_bytes=30) == items[:3]
+        assert arr.read_range(0, max_bytes=29) == items[:2]
+        assert arr.read_range(0, max_bytes=31) == items[:3]
+        assert arr.read_range(4, max_items=2, max_bytes=100) == items[4:6]
+        assert arr.read_range(4, max_items=20, max_bytes=45) == items[4:8]
+        assert arr.read_range(0, max_bytes=10_000) == items
+
+
+def test_read_range_returns_one_item_larger_than_max_bytes(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        arr.append_many([b"L" * 3000, b"s", b"L" * 2000])
+        assert arr.read_range(0, max_bytes=10) == [b"L" * 3000]
+        assert arr.read_range(0, max_bytes=0) == [b"L" * 3000]
+        assert arr.read_range(1, max_bytes=10) == [b"s"]
+        assert arr.read_range(1, max_bytes=1999) == [b"s"]
+        assert arr.read_range(2, max_bytes=1) == [b"L" * 2000]
+
+
+def test_read_range_at_head_and_out_of_range(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        assert arr.read_range(0) == []
+        with pytest.raises(IndexOutOfRangeError):
+            arr.read_range(1)
+        with pytest.raises(IndexOutOfRangeError):
+            arr.read_range(-1)
+        arr.append_many([b"a", b"b", b"c", b"d"])
+        assert arr.read_range(4) == []
+        assert arr.read_range(4, max_items=3, max_bytes=1) == []
+        with pytest.raises(IndexOutOfRangeError):
+            arr.read_range(5)
+        arr.remove_before_index(2)
+        assert arr.read_range(2) == [b"c", b"d"]
+        with pytest.raises(IndexOutOfRangeError) as info:
+            arr.read_range(1)
+        assert (info.value.tail, info.value.head) == (2, 4)
+        arr.remove_before_index(4)
+        assert arr.read_range(4) == []
+        with pytest.raises(IndexOutOfRangeError):
+            arr.read_range(3)
+
+
+def test_read_range_max_bytes_across_read_chunks(tmp_path):
+    """read_range works through the index in chunks; the byte budget spans them."""
+    items = [b"%05d" % i for i in range(40_000)]  # 5 bytes each
+    with open_array(tmp_path / "a", data_page_size=1 << 20) as arr:
+        arr.append_many(items)
+        assert arr.read_range(0, max_bytes=5 * 30_000) == items[:30_000]
+        assert arr.read_range(0, max_bytes=5 * 30_000 + 4) == items[:30_000]
+        assert arr.read_range(100, max_bytes=5 * 16_384) == items[100:16_484]
+        assert arr.read_range(16_383, max_bytes=7) == items[16_383:16_384]
+        assert arr.read_range(16_383, max_bytes=10) == items[16_383:16_385]
+        assert arr.read_range(0, max_items=35_000, max_bytes=1 << 30) == items[:35_000]
+
+
+# -- metadata of items ----------------------------------------------------------------
+def test_item_length_and_timestamp(tmp_path, clock: FakeClock):
+    with open_array(tmp_path / "a", clock=clock) as arr:
+        clock.now = 5_000
+        arr.append(b"abc")
+        clock.now = 6_000
+        arr.append_many([b"", b"x" * 4000])
+        assert [arr.item_length(i) for i in range(3)] == [3, 0, 4000]
+        assert [arr.timestamp(i) for i in range(3)] == [5_000, 6_000, 6_000]
+        for f in (arr.item_length, arr.timestamp):
+            with pytest.raises(IndexOutOfRangeError):
+                f(3)
+            with pytest.raises(IndexOutOfRangeError):
+                f(-1)
+
+
+def test_timestamps_never_go_backwards(tmp_path, clock: FakeClock):
+    path = tmp_path / "a"
+    with open_array(path, clock=clock) as arr:
+        clock.now = 10_000
+        arr.append(b"a")
+        clock.now = 9_000  # the clock goes back
+        arr.append(b"b")
+        arr.append_many([b"c", b"d"])
+        clock.now = 12_000
+        arr.append(b"e")
+        clock.now = 11_000
+        arr.append_many([b"f"])
+        assert [arr.timestamp(i) for i in range(6)] == [10_000, 10_000, 10_000, 10_000, 12_000, 12_000]
+    # also across a reopen: the last timestamp comes back from disk
+    with open_array(path, clock=FakeClock(1_000)) as arr:
+        arr.append(b"g")
+        assert arr.timestamp(6) == 12_000
+
+
+def test_default_clock_is_wall_time_ms(tmp_path):
+    import time
+
+    with open_array(tmp_path / "a") as arr:
+        before = time.time_ns() // 1_000_000
+        arr.append(b"x")
+        after = time.time_ns() // 1_000_000
+        assert before <= arr.timestamp(0) <= after
+
+
+def test_head_tail_size_is_empty(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        assert (arr.head, arr.tail, arr.size, arr.is_empty) == (0, 0, 0, True)
+        arr.append_many([b"a", b"b", b"c"])
+        assert (arr.head, arr.tail, arr.size, arr.is_empty) == (3, 0, 3, False)
+        arr.remove_before_index(1)
+        assert (arr.head, arr.tail, arr.size, arr.is_empty) == (3, 1, 2, False)
+        arr.remove_before_index(3)
+        assert (arr.head, arr.tail, arr.size, arr.is_empty) == (3, 3, 0, True)
+        arr.append(b"d")
+        assert (arr.head, arr.tail, arr.size, arr.is_empty) == (4, 3, 1, False)
+        assert arr.get(3) == b"d"
+
+
+# -- find_closest_index ---------------------------------------------------------------
+def test_find_closest_index(tmp_path, clock: FakeClock):
+    with open_array(tmp_path / "a", clock=clock) as arr:
+        with pytest.raises(ArrayEmptyError):
+            arr.find_closest_index(1_000)
+        assert arr.find_closest_index(EARLIEST) == 0
+        assert arr.find_closest_index(LATEST) == 0
+        for t in (1_000, 2_000, 3_000, 4_000):
+            clock.now = t
+            arr.append(b"t%d" % t)
+        clock.now = 6_000
+        arr.append_many([b"m1", b"m2", b"m3"])  # indexes 4..6 share 6_000
+        assert BigArray.EARLIEST == EARLIEST == -1
+        assert BigArray.LATEST == LATEST == -2
+        assert arr.find_closest_index(EARLIEST) == 0
+        assert arr.find_closest_index(LATEST) == 7
+        expected = {
+            0: 0,
+            999: 0,
+            1_000: 0,
+            1_499: 0,
+            1_500: 0,  # a tie goes to the earlier index
+            1_501: 1,
+            2_000: 1,
+            2_600: 2,
+            3_999: 3,
+            4_999: 3,
+            5_001: 4,
+            6_000: 4,
+            7_000: 6,
+            10**13: 6,
+        }
+        for ts, idx in expected.items():
+            assert arr.find_closest_index(ts) == idx, ts
+        arr.remove_before_index(2)
+        assert arr.find_closest_index(EARLIEST) == 2
+        assert arr.find_closest_index(1_000) == 2
+        assert arr.find_closest_index(LATEST) == 7
+        arr.remove_before_index(7)
+        with pytest.raises(ArrayEmptyError):
+            arr.find_closest_index(6_000)
+        assert arr.find_closest_index(EARLIEST) == 7
+        assert arr.find_closest_index(LATEST) == 7
+
+
+# -- retention ------------------------------------------------------------------------
+def test_remove_before_index(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        arr.append_many([b"%d" % i for i in range(10)])
+        arr.remove_before_index(4)
+        assert arr.tail == 4
+        assert arr.read_range(4) == [b"%d" % i for i in range(4, 10)]
+        arr.remove_before_index(2)  # below tail: no-op
+        arr.remove_before_index(4)
+        assert arr.tail == 4
+        with pytest.raises(IndexOutOfRangeError):
+            arr.remove_before_index(11)
+        assert arr.tail == 4
+        arr.remove_before_index(10)
+        assert arr.is_empty
+        assert arr.append(b"10") == 10
+
+
+def test_remove_before_index_persists(tmp_path):
+    path = tmp_path / "a"
+    with open_array(path) as arr:
+        arr.append_many([b"x" * 500 for _ in range(40)])
+        arr.remove_before_index(17)
+    with open_array(path) as arr:
+        assert (arr.tail, arr.head) == (17, 40)
+        assert arr.read_range(17) == [b"x" * 500] * 23
+
+
+def test_removed_pages_are_deleted_unmapped_and_space_freed(tmp_path, make_tmpfs):
+    # On a private tmpfs the free-space count is exact; elsewhere other processes
+    # write to the same file system, so only the per-file checks are made.
+    private = make_tmpfs("32m")
+    path = (private or tmp_path) / "a"
+    item = b"z" * 4000  # one item per 4 KiB page
+    with open_array(path, prefetch=False) as arr:
+        arr.append_many([item] * 2000)  # 2000 data pages, ~8 MiB
+        for i in range(0, 2000, 97):
+            arr.get(i)  # map some old pages into the cache
+        data = path / "data"
+        assert page_files(data) == [f"page-{n}.dat" for n in range(2000)]
+        used_before = allocated_bytes(data)
+        free_before = free_bytes(path)
+        arr.remove_before_index(1800)
+        assert page_files(data) == [f"page-{n}.dat" for n in range(1800, 2000)]
+        # no mapping or descriptor of a deleted file is left (it would keep the space)
+        assert [m for m in mapped_files(path) if "(deleted)" in m] == []
+        assert open_deleted_files(path) == []
+        assert allocated_bytes(data) <= used_before - 1800 * PAGE
+        if private is not None:
+            freed = free_bytes(path) - free_before
+            assert freed >= 1800 * PAGE, f"only {freed} bytes came back to the file system"
+        assert arr.read_range(1800) == [item] * 200
+
+
+def test_remove_before_index_deletes_index_pages(tmp_path):
+    path = tmp_path / "a"
+    n = (1 << 17) + 100
+    with open_array(path, data_page_size=1 << 20, prefetch=False) as arr:
+        arr.append_many([b"ab"] * n)
+        arr.get(5)
+        assert page_files(path / "index") == ["page-0.dat", "page-1.dat"]
+        arr.remove_before_index(1 << 17)
+        assert page_files(path / "index") == ["page-1.dat"]
+        assert [m for m in mapped_files(path) if "(deleted)" in m] == []
+        assert arr.get(1 << 17) == b"ab"
+        assert arr.read_range(n - 3) == [b"ab"] * 3
+
+
+def test_remove_before_timestamp(tmp_path, clock: FakeClock):
+    with open_array(tmp_path / "a", clock=clock) as arr:
+        arr.remove_before(10**13)  # empty: nothing to do
+        assert (arr.tail, arr.head) == (0, 0)
+        for t in range(10):
+            clock.now = 1_000 * (t + 1)
+            arr.append_many([b"%d-a" % t, b"%d-b" % t])
+        arr.remove_before(3_000)  # items stamped before 3_000 go: 1_000 and 2_000
+        assert arr.tail == 4
+        assert arr.get(4) == b"2-a"
+        arr.remove_before(3_500)
+        assert arr.tail == 6
+        arr.remove_before(100)  # nothing older: no-op
+        assert arr.tail == 6
+        arr.remove_before(10**13)
+        assert arr.is_empty and arr.head == 20
+
+
+def test_back_file_size_and_limit(tmp_path):
+    path = tmp_path / "a"
+    item = b"q" * 1000  # 4 per page
+    with open_array(path, prefetch=False) as arr:
+        arr.append_many([item] * 40)  # data pages 0..9
+        files = [path / "index" / n for n in page_files(path / "index")]
+        files += [path / "data" / n for n in page_files(path / "data")]
+        assert arr.back_file_size() == sum(os.stat(f).st_size for f in files)
+        assert arr.back_file_size() == 4 * 1024 * 1024 + 10 * PAGE
+        arr.limit_back_file_size(10**12)  # already below: nothing happens
+        assert arr.tail == 0
+        arr.limit_back_file_size(4 * 1024 * 1024 + 3 * PAGE)
+        assert page_files(path / "data") == ["page-7.dat", "page-8.dat", "page-9.dat"]
+        assert arr.tail == 28
+        assert arr.back_file_size() <= 4 * 1024 * 1024 + 3 * PAGE
+        assert arr.read_range(28) == [item] * 12
+        # below what the index page alone takes: all but the page being written go
+        arr.limit_back_file_size(0)
+        assert page_files(path / "data") == ["page-9.dat"]
+        assert arr.tail == 36
+        assert arr.read_range(36) == [item] * 4
+        assert arr.append(b"more") == 40
+    with open_array(path) as arr:
+        assert (arr.tail, arr.head) == (36, 41)
+
+
+# -- lifecycle ------------------------------------------------------------------------
+def test_closed_array_raises(tmp_path):
+    arr = open_array(tmp_path / "a")
+    arr.append_many([b"a", b"b"])
+    arr.close()
+    assert arr.closed
+    arr.close()  # twice is fine
+    calls = [
+        lambda: arr.append(b"x"),
+        lambda: arr.append_many([b"x"]),
+        lambda: arr.append_many([]),
+        lambda: arr.get(0),
+        lambda: arr.read_range(0),
+        lambda: arr.item_length(0),
+        lambda: arr.timestamp(0),
+        lambda: arr.find_closest_index(EARLIEST),
+        lambda: arr.find_closest_index(1),
+        lambda: arr.remove_before_index(1),
+        lambda: arr.remove_before(1),
+        lambda: arr.limit_back_file_size(0),
+        arr.flush,
+        arr.__enter__,
+    ]
+    for call in calls:
+        with pytest.raises(ArrayClosedError):
+            call()
+    assert "closed" in repr(arr)
+
+
+def test_context_manager_closes(tmp_path):
+    with open_array(tmp_path / "a") as arr:
+        assert not arr.closed
+        arr.append(b"x")
+    assert arr.closed
+    with pytest.raises(ArrayClosedError):
+        arr.get(0)
+    with pytest.raises(RuntimeError), open_array(tmp_path / "b") as arr2:
+        raise RuntimeError("boom")
+    assert arr2.closed
+    with open_array(tmp_path / "b") as arr3:  # the lock was released
+        assert arr3.is_empty
+
+
+def test_second_open_in_same_process_is_locked(tmp_path):
+    path = tmp_path / "a"
+    arr = open_array(path)
+    try:
+        with pytest.raises(ArrayLockedError) as info:
+            open_array(path)
+        assert info.value.retriable
+        with pytest.raises(ArrayLockedError):
+            FanoutQueue(path, data_page_size=PAGE)
+        arr.append(b"still fine")
+    finally:
+        arr.close()
+    with open_array(path) as again:
+        assert again.get(0) == b"still fine"
+
+
+def _open_in_subprocess(path) -> str:
+    code = textwrap.dedent(
+        f"""
+        import bigarray
+        try:
+            bigarray.BigArray({str(path)!r}, data_page_size={PAGE}).close()
+            print("opened")
+        except bigarray.BigArrayError as exc:
+            print(type(exc).__name__)
+        """
+    )
+    out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_second_open_in_another_process_is_locked(tmp_path):
+    path = tmp_path / "a"
+    with open_array(path) as arr:
+        arr.append(b"x")
+        assert _open_in_subprocess(path) == "ArrayLockedError"
+    assert _open_in_subprocess(path) == "opened"
+
+
+def test_reopen_keeps_data_and_page_size(tmp_path):
+    path = tmp_path / "a"
+    items = sized_items(100, seed=2)
+    with open_array(path, data_page_size=PAGE) as arr:
+        arr.append_many(items[:50])
+        for item in items[50:]:
+            arr.append(item)
+    extras = json.loads((path / "bigarray.json").read_text())
+    assert extras["data_page_size"] == PAGE
+    with BigArray(path, data_page_size=8 * PAGE) as arr:  # an existing array keeps its size
+        assert arr.data_page_size == PAGE
+        assert (arr.tail, arr.head) == (0, 100)
+        assert arr.read_range(0) == items
+        with pytest.raises(ItemTooLargeError):
+            arr.append(b"x" * (PAGE + 1))
+        arr.append(b"y" * PAGE)
+    with BigArray(path) as arr:
+        assert arr.data_page_size == PAGE
+        assert arr.read_range(0) == [*items, b"y" * PAGE]
+    for name in page_files(path / "data"):
+        assert os.stat(path / "data" / name).st_size == PAGE
+
+
+def test_appends_after_reopen_continue_the_data_page(tmp_path):
+    """The write position is derived from the last item: no page is wasted."""
+    path = tmp_path / "a"
+    with open_array(path, prefetch=False) as arr:
+        arr.append(b"a" * 100)
+    with open_array(path, prefetch=False) as arr:
+        arr.append(b"b" * 100)
+    with open_array(path, prefetch=False) as arr:
+        assert arr.read_range(0) == [b"a" * 100, b"b" * 100]
+        assert page_files(path / "data") == ["page-0.dat"]
+
+
+def test_invalid_data_page_size(tmp_path):
+    with pytest.raises(ValueError):
+        BigArray(tmp_path / "a", data_page_size=100)
+    with pytest.raises(ValueError):
+        BigArray(tmp_path / "b", data_page_size=1 << 31)
+
+
+# -- index pages ----------------------------------------------------------------------
+INDEX_ITEMS = 1 << 17
+
+
+def test_items_across_index_pages(tmp_path):
+    path = tmp_path / "a"
+    n = 140_000
+    items = [i.to_bytes(4, "big") for i in range(n)]
+    with open_array(path, data_page_size=1 << 20) as arr:
+        arr.append_many(items[:100_000])
+        arr.append_many(items[100_000:])
+        assert arr.head == n
+        assert page_files(path / "index")[:2] == ["page-0.dat", "page-1.dat"]
+        for i in (0, INDEX_ITEMS - 1, INDEX_ITEMS, INDEX_ITEMS + 1, n - 1):
+            assert arr.get(i) == items[i]
+        assert arr.read_range(INDEX_ITEMS - 100, max_items=200) == items[INDEX_ITEMS - 100 : INDEX_ITEMS + 100]
+        assert arr.read_range(INDEX_ITEMS - 3, max_bytes=24) == items[INDEX_ITEMS - 3 : INDEX_ITEMS + 3]
+        assert arr.read_range(0) == items
+        assert arr.read_range(0, max_bytes=4 * 135_000) == items[:135_000]
+        # single appends across the boundary of the next index page too
+        for i in range(2):
+            arr.append(b"one-%d" % i)
+    with open_array(path) as arr:
+        assert arr.read_range(INDEX_ITEMS - 1, max_items=2) == items[INDEX_ITEMS - 1 : INDEX_ITEMS + 1]
+        assert arr.get(n + 1) == b"one-1"
+
+
+def test_read_range_max_bytes_at_last_slot_of_an_index_page(tmp_path):
+    """An item larger than max_bytes is returned alone, also when it is the last item
+    of an index page (the byte budget must not turn into 'no limit')."""
+    path = tmp_path / "a"
+    n = INDEX_ITEMS + 10
+    with open_array(path, data_page_size=1 << 20) as arr:
+        arr.append_many([b"x" * 100] * n)
+        assert len(arr.read_range(INDEX_ITEMS - 2, max_bytes=50)) == 1
+        assert len(arr.read_range(INDEX_ITEMS, max_bytes=50)) == 1
+        assert len(arr.read_range(INDEX_ITEMS - 1, max_bytes=150)) == 1
+        assert len(arr.read_range(INDEX_ITEMS - 1, max_bytes=50)) == 1
+
+
+def test_empty_items_at_page_edges_survive_reopen(tmp_path):
+    path = tmp_path / "a"
+    full = b"F" * PAGE
+    with open_array(path) as arr:
+        arr.append_many([b"", b""])  # empty first items on a fresh array
+        arr.append(full)
+        arr.append(b"")  # an empty item at the very end of a full page
+        arr.append_many([b"", full, b""])
+    with open_array(path) as arr:
+        assert arr.read_range(0) == [b"", b"", full, b"", b"", full, b""]
+        arr.append(b"x")
+        arr.append_many([b"", b"y"])
+    with open_array(path) as arr:
+        assert arr.read_range(0) == [b"", b"", full, b"", b"", full, b"", b"x", b"", b"y"]
+
+
+def test_reopen_emptied_array_at_an_index_page_boundary(tmp_path, clock: FakeClock):
+    path = tmp_path / "a"
+    with open_array(path, data_page_size=1 << 20, clock=clock) as arr:
+        arr.append_many([b"ab"] * INDEX_ITEMS)
+        arr.remove_before_index(INDEX_ITEMS)  # everything gone, index page 0 too
+        assert page_files(path / "index") in (["page-1.dat"], [])
+    with open_array(path, clock=clock) as arr:
+        assert (arr.tail, arr.head) == (INDEX_ITEMS, INDEX_ITEMS)
+        assert arr.read_range(INDEX_ITEMS) == []
+        assert arr.append(b"next") == INDEX_ITEMS
+        assert arr.append_many([b"a", b"b"]) == INDEX_ITEMS + 1
+    with open_array(path) as arr:
+        assert arr.read_range(INDEX_ITEMS) == [b"next", b"a", b"b"]
+        assert arr.find_closest_index(clock.now) == INDEX_ITEMS
+
+
+def test_no_page_file_appears_after_close(tmp_path):
+    """Background prefetching must stop with close(): a caller that closes and then
+    deletes the directory (delete topic) must not see files come back."""
+    import shutil
+    import time
+
+    for trial in range(5):
+        path = tmp_path / f"a{trial}"
+        arr = BigArray(path, data_page_size=1 << 20)  # prefetch on (the default)
+        arr.append_many([b"p" * 1000] * 700)  # past half a page: the next page is prefetched
+        arr.append(b"q" * 1000)
+        arr.close()
+        shutil.rmtree(path)  # fails if a file appears in a folder while it is removed
+        time.sleep(0.02)
+        assert not path.exists(), f"trial {trial}: {sorted(str(p) for p in path.rglob('*'))}"
