@@ -26,10 +26,11 @@ import threading
 from typing import Any
 
 from thriftpy2.protocol.cybin import TCyBinaryProtocol  # type: ignore[attr-defined]
-from thriftpy2.thrift import TProcessor
+from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from .metrics import Metrics
+from .wire import encode_consume_reply
 
 log = logging.getLogger(__name__)
 
@@ -279,13 +280,26 @@ class ThriftServer:
     def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
         try:
             check_frame(frame)
-            oprot = TCyBinaryProtocol(TCyMemoryBuffer())
-            self._processor.process(TCyBinaryProtocol(TCyMemoryBuffer(frame), strict_read=False), oprot)
+            api, seqid, result, call = self._processor.process_in(
+                TCyBinaryProtocol(TCyMemoryBuffer(frame), strict_read=False)
+            )
         except Exception as exc:
             self.metrics.bad_frames += 1
             log.warning("closing connection from %s: undecodable request (%s)", peer, exc)
             return False
-        out = oprot.trans.getvalue()
+        if isinstance(result, TApplicationException) or call is None:  # e.g. an unknown method
+            oprot = TCyBinaryProtocol(TCyMemoryBuffer())
+            self._processor.send_exception(oprot, api, result, seqid)
+            out = oprot.trans.getvalue()
+        elif api == "consume":
+            out = encode_consume_reply(seqid, call())  # the hot path, encoded by hand
+        else:
+            result.success = call()  # our handlers answer errors in Result, never raise
+            if result.oneway:
+                return True
+            oprot = TCyBinaryProtocol(TCyMemoryBuffer())
+            self._processor.send_result(oprot, api, result, seqid)
+            out = oprot.trans.getvalue()
         if out:
             header = len(out).to_bytes(4, "big")
             if len(out) < 65536:
