@@ -47,6 +47,8 @@ _HEAD_TAIL = struct.Struct(">qq")
 
 #: Index items examined per step of read_range (bounds the work beyond max_bytes).
 _READ_CHUNK_ITEMS = 16384
+#: Index slot whose append starts the read-ahead of the next index page (half way).
+_INDEX_PREFETCH_SLOT = fmt.INDEX_ITEMS_PER_PAGE // 2
 #: How many items just below head are checked when an array is opened.
 DEFAULT_RECOVERY_CHECK_ITEMS = 4096
 
@@ -209,7 +211,10 @@ class BigArray:
             if ts < self._last_ts:
                 ts = self._last_ts
             self._last_ts = ts
-            _INDEX_ITEM.pack_into(ipage.mm, (idx & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE, page.page_no, off, n, ts)
+            slot = idx & fmt.INDEX_SLOT_MASK
+            _INDEX_ITEM.pack_into(ipage.mm, slot * fmt.INDEX_ITEM_SIZE, page.page_no, off, n, ts)
+            if slot == _INDEX_PREFETCH_SLOT and self._prefetch:
+                self._prefetch_index_page(ipage.page_no + 1)
             self._data_off = off + n
             if self._data_off > self._prefetch_next_at:
                 self._prefetch_next_page()
@@ -260,6 +265,8 @@ class BigArray:
                     m = min(count - k, fmt.INDEX_ITEMS_PER_PAGE - slot)
                     assert ipage.view is not None
                     ipage.view[slot : slot + m] = records[k : k + m]
+                    if slot <= _INDEX_PREFETCH_SLOT < slot + m and self._prefetch:
+                        self._prefetch_index_page(page_no + 1)
                     k += m
                     idx += m
             except BaseException:
@@ -626,6 +633,10 @@ class BigArray:
             self._prefetch_next_at = self.data_page_size // 2 if self._prefetch else self.data_page_size
         return self._data_page
 
+    def _prefetch_index_page(self, page_no: int) -> None:
+        """The writer passed half of its index page: allocate and read ahead the next."""
+        PREFETCHER.prefetch(self._index.page_path(page_no), fmt.INDEX_PAGE_SIZE)
+
     def _prefetch_next_page(self) -> None:
         """The writer passed half of its page: allocate and read ahead the next one
         (not earlier, so a small topic does not hold two pages of disk)."""
@@ -641,8 +652,6 @@ class BigArray:
                 start = (self._head & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
                 PREFETCHER.prefetch(self._index.page_path(page_no), fmt.INDEX_PAGE_SIZE, start)
         self._index_page = new_page
-        if self._prefetch:
-            PREFETCHER.prefetch(self._index.page_path(page_no + 1), fmt.INDEX_PAGE_SIZE)
         return new_page
 
     def _derive_write_position(self) -> tuple[int, int]:

@@ -3,7 +3,8 @@
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/bigarray -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh test,bench
+scripts/bootstrap.sh test,bench,spark
+scripts/install-interop-deps.sh   # Debian thrift-compiler and libthrift-java for tests/broker/test_interop.py
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff" && ruff check .
 echo "== mypy (strict on bigarray)" && mypy --strict bigarray && mypy luxun idl
