@@ -132,7 +132,7 @@ class ProducerConfig:
         """Build from Java Luxun producer properties (``broker.list``, ``producer.type``,
         ``batch.size``, ``queue.time``, ``queue.size``, ``compression.codec``,
         ``compressed.topics``, ``num.retries``, ...). Unknown keys are an error."""
-        known = {
+        known: dict[str, tuple[str, Callable[[str], Any]]] = {
             "broker.list": ("brokers", lambda v: tuple(parse_broker_list(v))),
             "producer.type": ("sync", lambda v: _producer_type(v)),
             "batch.size": ("batch_size", int),

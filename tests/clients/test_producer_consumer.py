@@ -10,10 +10,10 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
-from clients.messages import GZIP, NO_COMPRESSION, SNAPPY, decode_pack, pack_codec
 
 from clients.consumer import SimpleConsumer, StreamConsumer
 from clients.errors import ClientClosedError, ConsumerTimeoutError, MessageDroppedError
+from clients.messages import GZIP, NO_COMPRESSION, SNAPPY, decode_pack, pack_codec
 from clients.producer import Producer, ProducerConfig
 from idl import luxun_thrift as T
 
