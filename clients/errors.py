@@ -9,6 +9,7 @@
     ├── MessageDroppedError           a message was dropped (rate limit, broker down, close);
     │                                 ``reason`` says why; it is counted in the metrics
     ├── ConsumerTimeoutError          no message within consumer_timeout_ms (retriable)
+    ├── PackError                     a corrupt message pack (clients.messages; also a ValueError)
     └── BrokerError                   the broker answered with an error code
         ├── TopicNotExistError, TopicIsEmptyError, IndexOutOfBoundsError, InvalidTopicError,
         ├── AuthenticationError, MessageSizeTooLargeError, InternalBrokerError
