@@ -43,6 +43,16 @@ from bigarray import (
 )
 from idl import luxun_thrift as T
 
+from .errors import (
+    AllMessageConsumed,
+    AuthenticationFailure,
+    IndexOutOfBounds,
+    InternalError,
+    InvalidTopic,
+    MessageSizeTooLarge,
+    TopicIsEmpty,
+    TopicNotExist,
+)
 from .metrics import Metrics
 from .topics import Topic, TopicManager
 
@@ -109,10 +119,10 @@ class QueueHandler:
         item = request.item
         try:
             if item is None or name is None:
-                return _result(FAILURE, E.INTERNAL_ERROR, "ProduceRequest needs both item and topic"), 0
+                return InternalError("ProduceRequest needs both item and topic").to_result(), 0
             size = len(item)
             if size > self.max_message_size:
-                return self._too_large(name, size, self.max_message_size), 0
+                return MessageSizeTooLarge(name, size, self.max_message_size).to_result(), 0
             topic = self.topics.get(name) or self.topics.get_or_create(name)
             index = topic.queue.enqueue(item)
             stats = topic.stats
@@ -126,27 +136,23 @@ class QueueHandler:
             topic.notify()
             return _OK, index
         except InvalidNameError as exc:
-            return _result(FAILURE, E.INVALID_TOPIC, str(exc)), 0
+            return InvalidTopic(name, str(exc)).to_result(), 0
         except ItemTooLargeError as exc:
-            return self._too_large(name, exc.length, exc.limit), 0
+            return MessageSizeTooLarge(name, exc.length, exc.limit).to_result(), 0
         except ArrayClosedError:
             return self._not_exist(name), 0
         except DiskFullError as exc:
             log.error("%s to topic %r failed: %s", call, name, exc)
-            return _result(FAILURE, E.INTERNAL_ERROR, f"broker {self.broker_id}: {exc}"), 0
+            return InternalError(f"broker {self.broker_id}: {exc}").to_result(), 0
         except Exception as exc:
             log.exception("%s to topic %r failed", call, name)
-            return _result(FAILURE, E.INTERNAL_ERROR, f"internal error on broker {self.broker_id}: {exc}"), 0
-
-    def _too_large(self, name: str, size: int, limit: int) -> Any:
-        return _result(
-            FAILURE,
-            E.MESSAGE_SIZE_TOO_LARGE,
-            f"item of {size} bytes for topic {name!r} is larger than the limit of {limit} bytes",
-        )
+            return self._internal(exc), 0
 
     def _not_exist(self, name: str) -> Any:
-        return _result(FAILURE, E.TOPIC_NOT_EXIST, f"topic {name!r} does not exist on broker {self.broker_id}")
+        return TopicNotExist(name, broker_id=self.broker_id).to_result()
+
+    def _internal(self, exc: Exception) -> Any:
+        return InternalError(f"internal error on broker {self.broker_id}: {exc}").to_result()
 
     # -- consume -----------------------------------------------------------------------
     def consume(self, request: Any) -> Any:
@@ -164,7 +170,7 @@ class QueueHandler:
         except Exception as exc:
             log.exception("consume from topic %r failed", request.topic)
             response = T.ConsumeResponse(
-                result=_result(FAILURE, E.INTERNAL_ERROR, f"internal error on broker {self.broker_id}: {exc}"),
+                result=self._internal(exc),
                 itemList=[],
                 lastConsumedIndex=0,
             )
@@ -202,32 +208,26 @@ class QueueHandler:
                 return reply(self._not_exist(name))
             queue = topic.queue
             if queue.is_empty:
-                return reply(_result(FAILURE, E.TOPIC_IS_EMPTY, f"topic {name!r} is empty on broker {self.broker_id}"))
+                return reply(TopicIsEmpty(name, broker_id=self.broker_id).to_result())
+            start = request.startIndex or 0
             if group:
                 items = queue.dequeue_many(group, max_items=max_items, max_bytes=max_bytes)
             else:
-                start = request.startIndex or 0
                 if start == queue.head:
                     items = []
                 else:
                     items = queue.read_range(start, max_items=max_items, max_bytes=max_bytes)
                     last_index = start + len(items) - 1
             if not items:
-                return reply(_result(TRY_LATER, E.ALL_MESSAGE_CONSUMED, "all messages have been consumed, try later"))
+                return reply(AllMessageConsumed(name, fanout_id=group, index=None if group else start).to_result())
             stats = topic.stats
             stats.items_out += len(items)
             stats.bytes_out += sum(map(len, items))
             return reply(_OK, items)
         except InvalidNameError as exc:
-            return reply(_result(FAILURE, E.INVALID_TOPIC, str(exc)))
+            return reply(InvalidTopic(name, str(exc)).to_result())
         except IndexOutOfRangeError as exc:
-            return reply(
-                _result(
-                    FAILURE,
-                    E.INDEX_OUT_OF_BOUNDS,
-                    f"index {exc.index} is outside [{exc.tail}, {exc.head}) of topic {name!r}",
-                )
-            )
+            return reply(IndexOutOfBounds(name, exc.index, exc.tail, exc.head).to_result())
         except ArrayClosedError:
             return reply(self._not_exist(name))
 
@@ -253,13 +253,13 @@ class QueueHandler:
                     ts = queue.timestamp(index - 1) if not queue.is_empty else 0
                     result = _OK
                 elif queue.is_empty:
-                    result = _result(FAILURE, E.TOPIC_IS_EMPTY, f"topic {name!r} is empty on broker {self.broker_id}")
+                    result = TopicIsEmpty(name, broker_id=self.broker_id).to_result()
                 else:
                     index = queue.find_closest_index(timestamp)
                     ts = queue.timestamp(index)
                     result = _OK
         except InvalidNameError as exc:
-            result = _result(FAILURE, E.INVALID_TOPIC, str(exc))
+            result = InvalidTopic(name, str(exc)).to_result()
         except (ArrayClosedError, IndexOutOfRangeError):
             result = (
                 self._not_exist(name)
@@ -269,7 +269,7 @@ class QueueHandler:
             index = ts = 0
         except Exception as exc:
             log.exception("findClosestIndexByTime on topic %r failed", name)
-            result = _result(FAILURE, E.INTERNAL_ERROR, f"internal error on broker {self.broker_id}: {exc}")
+            result = self._internal(exc)
         self.metrics.observe("findClosestIndexByTime", time.perf_counter() - t0, result.errorCode)
         return T.FindClosestIndexByTimeResponse(result=result, index=index, timestampOfIndex=ts)
 
@@ -279,16 +279,16 @@ class QueueHandler:
         try:
             if not self.password_check(request.password or ""):
                 log.warning("deleteTopic of %r refused: authentication failed", name)
-                result = _result(FAILURE, E.AUTHENTICATION_FAILURE, "authentication failed")
+                result = AuthenticationFailure(name, "authentication failed").to_result()
             else:
                 validate_name(name, what="topic")
                 self.topics.delete(name)
                 result = _OK
         except InvalidNameError as exc:
-            result = _result(FAILURE, E.INVALID_TOPIC, str(exc))
+            result = InvalidTopic(name, str(exc)).to_result()
         except Exception as exc:
             log.exception("deleteTopic of %r failed", name)
-            result = _result(FAILURE, E.INTERNAL_ERROR, f"internal error on broker {self.broker_id}: {exc}")
+            result = self._internal(exc)
         self.metrics.observe("deleteTopic", time.perf_counter() - t0, result.errorCode)
         return T.DeleteTopicResponse(result=result)
 
@@ -306,11 +306,11 @@ class QueueHandler:
                 size = topic.queue.size(group) if group else topic.queue.size()
                 result = _OK
         except InvalidNameError as exc:
-            result = _result(FAILURE, E.INVALID_TOPIC, str(exc))
+            result = InvalidTopic(name, str(exc)).to_result()
         except ArrayClosedError:
             result = self._not_exist(name)
         except Exception as exc:
             log.exception("getSize of %r failed", name)
-            result = _result(FAILURE, E.INTERNAL_ERROR, f"internal error on broker {self.broker_id}: {exc}")
+            result = self._internal(exc)
         self.metrics.observe("getSize", time.perf_counter() - t0, result.errorCode)
         return T.GetSizeResponse(result=result, size=size)
