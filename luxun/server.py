@@ -306,6 +306,9 @@ class ThriftServer:
                 sock.sendall(header + out)
             else:  # no copy of a big reply; finish with sendall if the kernel took only part
                 sent = sock.sendmsg([header, out])
+                if sent < 4:
+                    sock.sendall(header[sent:])
+                    sent = 4
                 if sent < 4 + len(out):
-                    sock.sendall(memoryview(header + out)[sent:])
+                    sock.sendall(memoryview(out)[sent - 4 :])
         return True

@@ -194,8 +194,7 @@ class QueueHandler:
         name = request.topic
         group = request.fanoutId
         max_fetch = request.maxFetchSize or 0
-        max_bytes = max_fetch if max_fetch > 0 else None
-        max_items = None if max_fetch > 0 else 1
+        max_bytes = max_fetch if max_fetch > 0 else None  # None: one item
         last_index = 0
 
         def reply(result: Any, items: list[bytes] | None = None) -> Any:
@@ -211,12 +210,16 @@ class QueueHandler:
                 return reply(TopicIsEmpty(name, broker_id=self.broker_id).to_result())
             start = request.startIndex or 0
             if group:
-                items = queue.dequeue_many(group, max_items=max_items, max_bytes=max_bytes)
+                if max_bytes is None:  # one item: the cheaper single-item path
+                    item = queue.dequeue(group)
+                    items = [] if item is None else [item]
+                else:
+                    items = queue.dequeue_many(group, max_bytes=max_bytes)
             else:
                 if start == queue.head:
                     items = []
                 else:
-                    items = queue.read_range(start, max_items=max_items, max_bytes=max_bytes)
+                    items = [queue.get(start)] if max_bytes is None else queue.read_range(start, max_bytes=max_bytes)
                     last_index = start + len(items) - 1
             if not items:
                 return reply(AllMessageConsumed(name, fanout_id=group, index=None if group else start).to_result())
