@@ -1,7 +1,8 @@
 """The high-level producer: batching, compression, partitioning, rate limits, futures.
 
 ``send(topic, value, key=None)`` puts the encoded message into an accumulator for the
-(broker, topic) it is partitioned to and returns a :class:`concurrent.futures.Future`.
+(broker, topic) it is partitioned to and returns a :class:`concurrent.futures.Future`
+(shared by the messages of one pack: they are sent, or dropped, together).
 One sender thread per broker turns accumulated messages into message packs (one queue
 item each, see :mod:`clients.messages`) when a batch is full (``batch_size`` messages
 or ``batch_bytes``), old (``linger_ms``) or flushed, and sends them:
@@ -179,12 +180,16 @@ def _codec(value: str) -> int:
 
 
 class _Batch:
-    __slots__ = ("created", "futures", "messages", "size", "topic")
+    """Messages bound for one pack. They share one future: a pack is sent (and gets its
+    index) or dropped as a whole, and one Future per message would cost more than the
+    send itself."""
+
+    __slots__ = ("created", "future", "messages", "size", "topic")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self.messages: list[bytes] = []
-        self.futures: list[Future[int | None]] = []
+        self.future: Future[int | None] = Future()
         self.size = 0
         self.created = time.monotonic()
 
@@ -263,13 +268,12 @@ class _Sender(threading.Thread):
                     self.conn.call("asyncProduce", request)
                     index = None
                 p._count_sent(batch.topic, len(batch.messages))
-                for future in batch.futures:
-                    future.set_result(index)
+                batch.future.set_result(index)
                 return
             except BrokerUnavailableError as exc:
                 attempt += 1
                 if attempt > cfg.num_retries or p._abandon.is_set():
-                    p._drop(batch.topic, batch.futures, DROP_BROKER_DOWN, str(exc))
+                    p._drop(batch.topic, batch.future, len(batch.messages), DROP_BROKER_DOWN, str(exc))
                     return
                 log.warning("broker %s failed (%s); retry %d of %d in %.2fs", self.address, exc, attempt,
                             cfg.num_retries, backoff_s)  # fmt: skip
@@ -280,7 +284,7 @@ class _Sender(threading.Thread):
                     attempt += 1
                     p._abandon.wait(backoff_s)
                     continue
-                p._drop(batch.topic, batch.futures, DROP_REJECTED, str(exc))
+                p._drop(batch.topic, batch.future, len(batch.messages), DROP_REJECTED, str(exc))
                 return
 
 
@@ -332,14 +336,15 @@ class Producer:
         data = self._serde.encode(value)
         if isinstance(key, str):
             key = key.encode()
-        future: Future[int | None] = Future()
         with self._cond:
-            error = self._enqueue(topic, data, key, future)
-        if error is not None:  # resolved outside the lock: callbacks may call send()
-            future.set_exception(error)
-        return future
+            outcome = self._enqueue(topic, data, key)
+        if isinstance(outcome, Future):
+            return outcome  # the future of the pack the message went into
+        failed: Future[int | None] = Future()
+        failed.set_exception(outcome)  # outside the lock: callbacks may call send()
+        return failed
 
-    def _enqueue(self, topic: str, data: bytes, key: bytes | None, future: Future[int | None]) -> Exception | None:
+    def _enqueue(self, topic: str, data: bytes, key: bytes | None) -> Future[int | None] | Exception:
         cfg = self.config
         if self._closing:
             raise ClientClosedError("the producer is closed")
@@ -364,14 +369,13 @@ class Producer:
             batch = sender.open[topic] = _Batch(topic)
             self._cond.notify_all()  # the sender now waits for the linger time
         batch.messages.append(data)
-        batch.futures.append(future)
         batch.size += len(data)
         self._buffered += 1
         if len(batch.messages) >= cfg.batch_size or batch.size >= cfg.batch_bytes:
             sender.ready.append(batch)
             del sender.open[topic]
             self._cond.notify_all()
-        return None
+        return batch.future
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send everything buffered now; wait until it is sent (or dropped).
@@ -415,7 +419,7 @@ class Producer:
                 self._buffered -= len(batch.messages)
             self._cond.notify_all()
         for batch in leftovers:
-            self._drop(batch.topic, batch.futures, DROP_CLOSED, "producer closed before sending")
+            self._drop(batch.topic, batch.future, len(batch.messages), DROP_CLOSED, "producer closed before sending")
         for sender in self._senders:
             sender.conn.close()
         self._closed = True
@@ -461,11 +465,10 @@ class Producer:
             log.warning("dropped %d message(s) for topic %r: %s (%s)", n, topic, reason, detail)
         return MessageDroppedError(topic, reason, detail)
 
-    def _drop(self, topic: str, futures: list[Future[int | None]], reason: str, detail: str) -> None:
+    def _drop(self, topic: str, future: Future[int | None], count: int, reason: str, detail: str) -> None:
         with self._cond:
-            error = self._count_drop(topic, len(futures), reason, detail)
-        for future in futures:
-            future.set_exception(error)
+            error = self._count_drop(topic, count, reason, detail)
+        future.set_exception(error)
 
 
 __all__ = ["Producer", "ProducerConfig", "hash_partitioner"]
