@@ -340,6 +340,37 @@ class BigArray:
         """Append time of the item at ``index``, in ms since the epoch."""
         return self._index_item(index)[3]
 
+    def timestamps(self, start: int, count: int) -> list[int]:
+        """Append times (ms) of the ``count`` items from ``start``, read as whole index
+        slices (a consume reply carrying thousands of items pays one numpy copy per
+        index page, not one lookup per item).
+
+        Raises:
+            IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
+        """
+        self._check_open()
+        if count <= 0:
+            return []
+        if start < self._tail or start + count > self._head:
+            raise IndexOutOfRangeError(start if start < self._tail else start + count - 1, self._tail, self._head)
+        out: list[int] = []
+        idx, end = start, start + count
+        try:
+            while idx < end:
+                slot = idx & fmt.INDEX_SLOT_MASK
+                m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot)
+                ipage = self._index.acquire(idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
+                try:
+                    if ipage.view is None:  # unmapped by close() in another thread
+                        raise self._closed_error()
+                    out.extend(ipage.view[slot : slot + m]["timestamp"].tolist())
+                finally:
+                    self._index.release(ipage)
+                idx += m
+        except FileNotFoundError:
+            raise IndexOutOfRangeError(start, self._tail, self._head) from None
+        return out
+
     def read_range(self, start: int, *, max_items: int | None = None, max_bytes: int | None = None) -> list[bytes]:
         """Read consecutive items from ``start``.
 

@@ -160,6 +160,10 @@ class FanoutQueue:
         """Append time of the item at ``index`` in ms."""
         return self.array.timestamp(index)
 
+    def timestamps(self, start: int, count: int) -> list[int]:
+        """See :meth:`BigArray.timestamps`."""
+        return self.array.timestamps(start, count)
+
     # -- groups ------------------------------------------------------------------------
     def dequeue(self, group: str) -> bytes | None:
         """Take the group's next item, or None when the group has read everything.
@@ -188,6 +192,14 @@ class FanoutQueue:
 
         The group's new position is saved before the items are returned.
         """
+        return self.dequeue_indexed(group, max_items=max_items, max_bytes=max_bytes)[1]
+
+    def dequeue_indexed(
+        self, group: str, *, max_items: int | None = None, max_bytes: int | None = None
+    ) -> tuple[int, list[bytes]]:
+        """:meth:`dequeue_many` that also says where the items are: ``(index of the
+        first item, items)``. With no items the index is where the group stands.
+        """
         with self._locked_group(group) as g:
             while True:
                 start = self._front(g)
@@ -204,7 +216,7 @@ class FanoutQueue:
                 break
         if self._auto_cleanup and items:
             self._maybe_cleanup()
-        return items
+        return start, items
 
     def peek(self, group: str) -> bytes | None:
         """The group's next item without taking it, or None."""

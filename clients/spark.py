@@ -20,10 +20,9 @@ Columns (:data:`SCHEMA`)::
 
 ``index`` is the queue index of the item (one message pack) on ``broker``;
 ``position`` is the message's number within that pack (0 with ``decode=raw``).
-``timestamp`` is always NULL for now: the broker keeps each item's append time, but
-``ConsumeResponse`` does not carry it and ``findClosestIndexByTime`` answers by time,
-not by index, so the exact append time of an arbitrary item cannot be had without a
-broker extension (e.g. an optional per-item timestamp list in ``ConsumeResponse``).
+``timestamp`` is the item's append time on the broker (every message of a pack shares
+it), asked for with the ``ConsumeRequest.withTimestamps`` extension; it is NULL when
+the broker does not send it (an original Java Luxun broker).
 
 Read options (names follow Spark's Kafka source where they fit):
 
@@ -88,6 +87,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -383,7 +383,8 @@ class _Client:
         raise LuxunError(f"topic {topic!r} on {self.address} kept changing during index lookups")
 
     def consume(self, topic: str, start: int, fetch_bytes: int) -> Any:
-        return self._call("consume", T.ConsumeRequest(topic=topic, startIndex=start, maxFetchSize=fetch_bytes))
+        request = T.ConsumeRequest(topic=topic, startIndex=start, maxFetchSize=fetch_bytes, withTimestamps=True)
+        return self._call("consume", request)
 
     def produce(self, topic: str, item: bytes) -> Any:
         return self._call("produce", T.ProduceRequest(item=item, topic=topic))
@@ -455,14 +456,18 @@ def _positions(n: int) -> array[int]:
     return p
 
 
-def _record_batch(items: Sequence[bytes], topic: str, broker: str, first: int, decode: str) -> pa.RecordBatch:
+def _record_batch(
+    items: Sequence[bytes], times_ms: Sequence[int], topic: str, broker: str, first: int, decode: str
+) -> pa.RecordBatch:
+    """One RecordBatch of the items ``first``.. with their append times (0: unknown)."""
+    times = np.asarray(times_ms, dtype=np.int64)
     if decode == "raw":
         values: list[bytes] = list(items)
         index = pa.array(range(first, first + len(items)), pa.int64())
         position = pa.repeat(pa.scalar(0, pa.int32()), len(items))
     else:
         values = []
-        idx = array("q")
+        counts = array("q")
         pos = array("i")
         for k, item in enumerate(items):
             try:
@@ -471,12 +476,12 @@ def _record_batch(items: Sequence[bytes], topic: str, broker: str, first: int, d
                 where = f"item {first + k} of topic {topic!r} on {broker}"
                 raise LuxunError(f"{where} is not a message pack: {exc}") from exc
             values.extend(messages)
-            m = len(messages)
-            idx.extend(array("q", (first + k,)) * m)
-            pos.extend(_positions(m))
-        n = len(values)
-        index = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(idx)])
-        position = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(pos)])
+            counts.append(len(messages))
+            pos.extend(_positions(len(messages)))
+        repeats = np.frombuffer(counts, dtype=np.int64)
+        index = pa.array(np.repeat(np.arange(first, first + len(items), dtype=np.int64), repeats))
+        position = pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(pos)])
+        times = np.repeat(times, repeats)
     n = len(values)
     return pa.RecordBatch.from_arrays(
         [
@@ -485,7 +490,7 @@ def _record_batch(items: Sequence[bytes], topic: str, broker: str, first: int, d
             pa.repeat(pa.scalar(broker, pa.string()), n),
             index,
             position,
-            pa.nulls(n, _TS_TYPE),
+            pa.array(times * 1000, type=_TS_TYPE, mask=times <= 0),
         ],
         schema=ARROW_SCHEMA,
     )
@@ -498,6 +503,7 @@ def _read_range(opts: _ReadOptions, part: LuxunPartition) -> Iterator[pa.RecordB
     topic, broker = part.topic, part.broker
     client = _Client(broker, opts.timeout_ms)
     pending: list[bytes] = []  # items first..index-1, not yet in a batch
+    pending_times: list[int] = []  # their append times in ms (0: the broker did not say)
     pending_bytes = 0
     first = index = part.start
     try:
@@ -507,12 +513,16 @@ def _read_range(opts: _ReadOptions, part: LuxunPartition) -> Iterator[pa.RecordB
             items = response.itemList or []
             if result.resultCode == _SUCCESS and items:
                 items = items[: part.end - index]
+                times = response.timestampList
+                if times is None or len(times) < len(items):
+                    times = [0] * len(items)
                 pending.extend(items)
+                pending_times.extend(times[: len(items)])
                 pending_bytes += sum(map(len, items))
                 index += len(items)
                 if pending_bytes >= _BATCH_BYTES:
-                    yield _record_batch(pending, topic, broker, first, opts.decode)
-                    pending, pending_bytes, first = [], 0, index
+                    yield _record_batch(pending, pending_times, topic, broker, first, opts.decode)
+                    pending, pending_times, pending_bytes, first = [], [], 0, index
                 continue
             if result.errorCode not in (
                 _E.INDEX_OUT_OF_BOUNDS,
@@ -532,8 +542,8 @@ def _read_range(opts: _ReadOptions, part: LuxunPartition) -> Iterator[pa.RecordB
                         f"(oldest retained index is {tail}); set failOnDataLoss=false to skip them"
                     )
                 if pending:
-                    yield _record_batch(pending, topic, broker, first, opts.decode)
-                    pending, pending_bytes = [], 0
+                    yield _record_batch(pending, pending_times, topic, broker, first, opts.decode)
+                    pending, pending_times, pending_bytes = [], [], 0
                 first = index = tail
                 continue
             if opts.fail_on_data_loss:
@@ -544,7 +554,7 @@ def _read_range(opts: _ReadOptions, part: LuxunPartition) -> Iterator[pa.RecordB
                 )
             break
         if pending:
-            yield _record_batch(pending, topic, broker, first, opts.decode)
+            yield _record_batch(pending, pending_times, topic, broker, first, opts.decode)
     finally:
         client.close()
 

@@ -9,7 +9,9 @@
 //
 // Changes to the original (additive only, so old clients keep working):
 //   - `namespace py luxun_thrift` (generated Python module name);
-//   - EXTENSION: ConsumeRequest field 5 `maxWaitMs` (optional; see below).
+//   - EXTENSION: ConsumeRequest field 5 `maxWaitMs` (optional; see below);
+//   - EXTENSION: ConsumeRequest field 6 `withTimestamps` and ConsumeResponse
+//     field 4 `timestampList` / field 5 `firstIndex` (optional; see below).
 // Further extensions must be new optional fields or new methods only.
 
 namespace java com.leansoft.luxun.api.generated
@@ -72,12 +74,21 @@ struct ConsumeRequest {
     // exactly as the original broker does. The broker may cap the wait.
     // Original brokers skip the unknown field and reply at once.
     5: optional i32 maxWaitMs,
+    // EXTENSION (luxun-py). true: the reply also carries each item's append time
+    // (timestampList) and the index of its first item (firstIndex). Unset or
+    // false: neither is sent, exactly as the original broker replies.
+    6: optional bool withTimestamps,
 }
 
 struct ConsumeResponse {
     1: required Result result,
     2: list<binary> itemList,
-    3: i64 lastConsumedIndex
+    3: i64 lastConsumedIndex,
+    // EXTENSION (luxun-py), only when the request set withTimestamps: the append
+    // time (ms since the epoch) of each item of itemList, in the same order, and
+    // the index of itemList's first item (by index and by fanout id alike).
+    4: optional list<i64> timestampList,
+    5: optional i64 firstIndex,
 }
 
 struct FindClosestIndexByTimeRequest {

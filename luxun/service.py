@@ -20,9 +20,11 @@ Fixed flaws of the original: a first item larger than ``maxFetchSize`` is return
 anyway (a group can never get stuck); ``getSize`` of an unknown group does not create
 it; payloads are never logged.
 
-Extension: ``ConsumeRequest.maxWaitMs`` (field 5). With nothing to return, the call
+Extensions: ``ConsumeRequest.maxWaitMs`` (field 5). With nothing to return, the call
 waits up to that long for an item instead of answering at once; a produce to the
-topic wakes it.
+topic wakes it. ``ConsumeRequest.withTimestamps`` (field 6): the reply also carries
+``timestampList`` (each item's append time, ms) and ``firstIndex`` (the first item's
+index, by group too).
 
 Thread-safety: one handler serves every connection thread.
 """
@@ -195,10 +197,16 @@ class QueueHandler:
         group = request.fanoutId
         max_fetch = request.maxFetchSize or 0
         max_bytes = max_fetch if max_fetch > 0 else None  # None: one item
-        last_index = 0
+        with_times = bool(request.withTimestamps)
+        last_index = first = 0
+        queue: Any = None
 
         def reply(result: Any, items: list[bytes] | None = None) -> Any:
-            return T.ConsumeResponse(result=result, itemList=items or [], lastConsumedIndex=last_index)
+            response = T.ConsumeResponse(result=result, itemList=items or [], lastConsumedIndex=last_index)
+            if with_times:
+                response.firstIndex = first
+                response.timestampList = self._timestamps(queue, first, len(items)) if items else []
+            return response
 
         try:
             validate_name(name, what="topic")
@@ -208,13 +216,15 @@ class QueueHandler:
             queue = topic.queue
             if queue.is_empty:
                 return reply(TopicIsEmpty(name, broker_id=self.broker_id).to_result())
-            start = request.startIndex or 0
+            start = first = request.startIndex or 0
             if group:
-                if max_bytes is None:  # one item: the cheaper single-item path
+                if max_bytes is None and not with_times:  # one item: the cheaper single-item path
                     item = queue.dequeue(group)
                     items = [] if item is None else [item]
                 else:
-                    items = queue.dequeue_many(group, max_bytes=max_bytes)
+                    first, items = queue.dequeue_indexed(
+                        group, max_items=1 if max_bytes is None else None, max_bytes=max_bytes
+                    )
             else:
                 if start == queue.head:
                     items = []
@@ -233,6 +243,15 @@ class QueueHandler:
             return reply(IndexOutOfBounds(name, exc.index, exc.tail, exc.head).to_result())
         except ArrayClosedError:
             return reply(self._not_exist(name))
+
+    @staticmethod
+    def _timestamps(queue: Any, first: int, count: int) -> list[int]:
+        """Append times of the items just read; 0 ("unknown") for all of them in the
+        rare case retention removed their index page between the read and now."""
+        try:
+            return queue.timestamps(first, count)  # type: ignore[no-any-return]
+        except (IndexOutOfRangeError, ArrayClosedError):
+            return [0] * count
 
     # -- the rest ----------------------------------------------------------------------
     def findClosestIndexByTime(self, request: Any) -> Any:

@@ -8,7 +8,8 @@ same (strict binary protocol, as thriftpy2 and Apache Thrift write it)::
     consume_result { 0: struct success = ConsumeResponse {
         1: struct Result { 1: i32 resultCode, [2: i32 errorCode], [3: string errorMessage] }
         2: list<binary> itemList
-        3: i64 lastConsumedIndex } }
+        3: i64 lastConsumedIndex
+        [4: list<i64> timestampList] [5: i64 firstIndex] } }
 """
 
 from __future__ import annotations
@@ -41,5 +42,10 @@ def encode_consume_reply(seqid: int, response: Any) -> bytes:
         append(pack(len(item)))
         append(item)
     parts.append(struct.pack(">bhq", _T_I64, 3, response.lastConsumedIndex or 0))
+    times = response.timestampList
+    if times is not None:  # extension fields, only when asked for
+        parts.append(struct.pack(f">bhbi{len(times)}q", _T_LIST, 4, _T_I64, len(times), *times))
+    if response.firstIndex is not None:
+        parts.append(struct.pack(">bhq", _T_I64, 5, response.firstIndex))
     parts.append(b"\x00\x00")  # end of ConsumeResponse, end of consume_result
     return b"".join(parts)

@@ -234,6 +234,25 @@ def test_item_length_and_timestamp(tmp_path, clock: FakeClock):
                 f(-1)
 
 
+def test_timestamps_of_a_range_cross_index_pages(tmp_path, clock: FakeClock):
+    per_page = 16_384  # index items per index page (format: 2^14 items of 32 B = 512 KiB)
+    with open_array(tmp_path / "a", clock=clock) as arr:
+        for chunk in range(4):
+            clock.now = 1_000 * (chunk + 1)
+            arr.append_many([b"t"] * (per_page // 2 + 1))
+        want = [arr.timestamp(i) for i in range(arr.head)]
+        assert arr.timestamps(0, arr.head) == want
+        assert arr.timestamps(per_page - 3, 10) == want[per_page - 3 : per_page + 7]
+        assert arr.timestamps(5, 0) == []
+        for start, count in ((arr.head - 1, 2), (-1, 2), (arr.head, 1)):
+            with pytest.raises(IndexOutOfRangeError):
+                arr.timestamps(start, count)
+        arr.remove_before_index(per_page + 1)
+        with pytest.raises(IndexOutOfRangeError):
+            arr.timestamps(per_page, 2)
+        assert arr.timestamps(per_page + 1, 2) == want[per_page + 1 : per_page + 3]
+
+
 def test_timestamps_never_go_backwards(tmp_path, clock: FakeClock):
     path = tmp_path / "a"
     with open_array(path, clock=clock) as arr:

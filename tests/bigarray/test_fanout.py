@@ -70,6 +70,18 @@ def test_dequeue_many_limits(tmp_path):
         assert q.dequeue_many("g", max_bytes=50) == []
 
 
+def test_dequeue_indexed_says_where_the_items_are(tmp_path):
+    with open_queue(tmp_path / "q") as q:
+        assert q.dequeue_indexed("g", max_items=5) == (0, [])
+        q.enqueue_many([b"%d" % i for i in range(6)])
+        assert q.dequeue_indexed("g", max_items=2) == (0, [b"0", b"1"])
+        assert q.dequeue_indexed("g", max_bytes=1) == (2, [b"2"])
+        q.remove_before_index(4)  # retention overtakes the group: it moves to the tail
+        assert q.dequeue_indexed("g") == (4, [b"4", b"5"])
+        assert q.dequeue_indexed("g") == (6, [])
+        assert q.timestamps(4, 2) == [q.timestamp(4), q.timestamp(5)]
+
+
 def test_peek_does_not_move(tmp_path):
     with open_queue(tmp_path / "q") as q:
         assert q.peek("g") is None

@@ -269,11 +269,14 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         3: (TType.I64, "startIndex", False),
         4: (TType.I32, "maxFetchSize", False),
         5: (TType.I32, "maxWaitMs", False),
+        6: (TType.BOOL, "withTimestamps", False),
     },
     "ConsumeResponse": {
         1: (TType.STRUCT, "result", "Result", True),
         2: (TType.LIST, "itemList", TType.BINARY, False),
         3: (TType.I64, "lastConsumedIndex", False),
+        4: (TType.LIST, "timestampList", TType.I64, False),
+        5: (TType.I64, "firstIndex", False),
     },
     "FindClosestIndexByTimeRequest": {1: (TType.I64, "timestamp", True), 2: (TType.STRING, "topic", True)},
     "FindClosestIndexByTimeResponse": {
@@ -327,6 +330,20 @@ def test_consume_request_max_wait_ms_is_an_optional_extension() -> None:
     )
 
 
+def test_consume_timestamps_are_optional_extensions() -> None:
+    text = Path(idl.LUXUN_THRIFT).read_text()
+    request = re.search(r"struct ConsumeRequest \{(.*?)\n\}", text, re.S)
+    response = re.search(r"struct ConsumeResponse \{(.*?)\n\}", text, re.S)
+    assert request is not None and response is not None
+    assert re.search(r"^\s*6: optional bool withTimestamps,?$", request.group(1), re.M)
+    assert re.search(r"^\s*4: optional list<i64> timestampList,?$", response.group(1), re.M)
+    assert re.search(r"^\s*5: optional i64 firstIndex,?$", response.group(1), re.M)
+    # Unset, neither is sent: the bytes are what the original IDL produces.
+    plain = T.ConsumeResponse(result=T.Result(resultCode=0), itemList=[b"a"], lastConsumedIndex=3)
+    assert plain.timestampList is None and plain.firstIndex is None
+    assert serialize(plain, TBinaryProtocolFactory()).endswith(b"\x0a\x00\x03" + (3).to_bytes(8, "big") + b"\x00")
+
+
 # -- compatibility with the original IDL ----------------------------------------------------------
 @pytest.mark.parametrize("name", API_STRUCTS)
 def test_struct_matches_original(name: str, original: Any) -> None:
@@ -334,6 +351,10 @@ def test_struct_matches_original(name: str, original: Any) -> None:
     theirs = _normalise(getattr(original, name).thrift_spec)
     if name == "ConsumeRequest":
         assert ours.pop(5) == (TType.I32, "maxWaitMs", False)
+        assert ours.pop(6) == (TType.BOOL, "withTimestamps", False)
+    if name == "ConsumeResponse":
+        assert ours.pop(4) == (TType.LIST, "timestampList", TType.I64, False)
+        assert ours.pop(5) == (TType.I64, "firstIndex", False)
     assert ours == theirs
     assert getattr(T, name).default_spec[: len(theirs)] == getattr(original, name).default_spec
 
@@ -409,6 +430,14 @@ def test_original_and_ours_read_each_others_bytes(original: Any, factory: Any) -
     seen = deserialize(original.ConsumeResponse(), serialize(response, factory), factory)
     assert seen.result.errorCode == original.ErrorCode.ALL_MESSAGE_CONSUMED
     assert seen.itemList == [b"a", b"\x00\xff"] and seen.lastConsumedIndex == 9
+    # The timestamp extension fields are skipped by a reader built from the original IDL.
+    response.timestampList, response.firstIndex = [1, 2], 8
+    seen = deserialize(original.ConsumeResponse(), serialize(response, factory), factory)
+    assert (seen.itemList, seen.lastConsumedIndex) == ([b"a", b"\x00\xff"], 9) and not hasattr(seen, "firstIndex")
+    request = deserialize(
+        original.ConsumeRequest(), serialize(T.ConsumeRequest(topic="t", withTimestamps=True), factory), factory
+    )
+    assert request.topic == "t" and not hasattr(request, "withTimestamps")
 
 
 # -- round trips -------------------------------------------------------------------------------

@@ -301,10 +301,17 @@ def drain(consume: Callable[[], Any], enums: Any, limit: int = 10_000) -> tuple[
 
 
 def test_apache_python_generated_code(apache_py: SimpleNamespace) -> None:
-    """The generated code has the original field ids, plus optional field 5 (new only)."""
+    """The generated code has the original field ids, plus optional fields 5 and 6 (new only)."""
     new, old = apache_py.new.ttypes, apache_py.old.ttypes
     fields = {spec[2]: spec[0] for spec in new.ConsumeRequest.thrift_spec if spec}
-    assert fields == {"topic": 1, "fanoutId": 2, "startIndex": 3, "maxFetchSize": 4, "maxWaitMs": 5}
+    assert fields == {
+        "topic": 1,
+        "fanoutId": 2,
+        "startIndex": 3,
+        "maxFetchSize": 4,
+        "maxWaitMs": 5,
+        "withTimestamps": 6,
+    }
     assert not hasattr(old.ConsumeRequest(), "maxWaitMs")
     assert {spec[2]: spec[0] for spec in new.GetSizeRequest.thrift_spec if spec} == {"topic": 1, "fanoutId": 3}
     assert apache_py.new.constants.EARLIEST_TIME == -1
@@ -369,6 +376,11 @@ def test_apache_python_produce_consume(apache_py: SimpleNamespace, broker: Simpl
         _is(resp.result, t, "FAILURE", "INDEX_OUT_OF_BOUNDS")
         # The fanout reads did not change what is retained.
         assert client.getSize(t.GetSizeRequest(topic=topic)).size == 10
+        # Extension: each item's append time and the first item's index.
+        resp = client.consume(t.ConsumeRequest(topic=topic, startIndex=7, maxFetchSize=1 << 20, withTimestamps=True))
+        _ok(resp.result, t)
+        assert (resp.itemList, resp.firstIndex, len(resp.timestampList)) == (items[7:], 7, 3)
+        assert t0_ms - 2000 <= resp.timestampList[0] <= resp.timestampList[-1] <= t1_ms + 2000
 
         # findClosestIndexByTime: EARLIEST_TIME (-1) is the tail, LATEST_TIME (-2) the head.
         earliest = client.findClosestIndexByTime(

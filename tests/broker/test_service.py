@@ -80,6 +80,34 @@ def test_consume_by_index_sets_last_consumed_index(client: Any) -> None:
         assert str(bad) in out.result.errorMessage
 
 
+def test_with_timestamps_returns_append_times_and_first_index(client: Any) -> None:
+    before = int(time.time() * 1000)
+    for i in range(4):
+        produce(client, "times", b"%d" % i)
+        time.sleep(0.003)
+    after = int(time.time() * 1000)
+
+    def consume_times(**kw: Any) -> Any:
+        return client.consume(
+            T.ConsumeRequest(topic="times", maxFetchSize=kw.pop("fetch", 1 << 20), withTimestamps=True, **kw)
+        )
+
+    by_index = consume_times(startIndex=1)
+    assert by_index.itemList == [b"1", b"2", b"3"] and by_index.firstIndex == 1
+    times = by_index.timestampList
+    assert len(times) == 3 and before <= times[0] < times[1] < times[2] <= after
+    by_group = consume_times(fanoutId="g", fetch=2)
+    assert (by_group.itemList, by_group.firstIndex) == ([b"0", b"1"], 0)
+    assert by_group.timestampList[1] == times[0]
+    single = consume_times(fanoutId="g", fetch=0)  # one item, still with its time and index
+    assert (single.itemList, single.firstIndex, single.timestampList) == ([b"2"], 2, [times[1]])
+    end = consume_times(startIndex=4)
+    assert (end.result.errorCode, end.timestampList, end.firstIndex) == (E.ALL_MESSAGE_CONSUMED, [], 4)
+    # Without the flag the reply is exactly the original one: neither field is sent.
+    plain = consume(client, "times", start=0, fetch=1 << 20)
+    assert plain.timestampList is None and plain.firstIndex is None
+
+
 def test_unknown_and_empty_topics(client: Any, broker: Any) -> None:
     out = consume(client, "nope", group="g", fetch=10)
     assert (out.result.resultCode, out.result.errorCode) == (FAILURE, E.TOPIC_NOT_EXIST)

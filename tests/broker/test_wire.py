@@ -36,6 +36,20 @@ RESPONSES = {
         itemList=[],
         lastConsumedIndex=0,
     ),
+    "with timestamps": T.ConsumeResponse(
+        result=T.Result(resultCode=0),
+        itemList=[b"x", b"yz"],
+        lastConsumedIndex=0,
+        timestampList=[1_700_000_000_123, 2**62],
+        firstIndex=2**33,
+    ),
+    "empty timestamps": T.ConsumeResponse(
+        result=T.Result(resultCode=2, errorCode=7, errorMessage="try later"),
+        itemList=[],
+        lastConsumedIndex=0,
+        timestampList=[],
+        firstIndex=17,
+    ),
     "many": T.ConsumeResponse(
         result=T.Result(resultCode=0), itemList=[b"%d" % i for i in range(5000)], lastConsumedIndex=4999
     ),

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from clients.messages import decode_pack
+from idl import luxun_thrift as T
 from tests.spark.conftest import Brokers, address, make_packs, produce_packs
 
 pytestmark = pytest.mark.timeout(600)
@@ -41,7 +42,18 @@ def test_schema_and_one_row_per_message(spark: Any, broker: Any, topic: str) -> 
         "struct<value:binary,topic:string,broker:string,index:bigint,position:int,timestamp:timestamp>"
     )
     assert rows(df) == expected(topic, address(broker), packs)
-    assert df.filter("timestamp IS NOT NULL").count() == 0  # no per-item time from the broker (see module doc)
+    # timestamp: the pack's append time on the broker, the same for all its messages.
+    client = broker.client()
+    try:
+        reply = client.consume(T.ConsumeRequest(topic=topic, startIndex=0, maxFetchSize=1 << 20, withTimestamps=True))
+    finally:
+        client.close()
+    appended = reply.timestampList
+    assert len(appended) == 10 and all(t > 0 for t in appended)
+    got = df.selectExpr("index", "CAST(unix_micros(timestamp) AS BIGINT) AS us").collect()
+    assert sorted({(r["index"], r["us"]) for r in got}) == [(i, t * 1000) for i, t in enumerate(appended)]
+    raw = read(spark, address(broker), topic, decode="raw").selectExpr("index", "unix_micros(timestamp) AS us")
+    assert sorted((r["index"], r["us"]) for r in raw.collect()) == [(i, t * 1000) for i, t in enumerate(appended)]
 
 
 def test_index_ranges_min_partitions_and_small_fetches(spark: Any, broker: Any, topic: str) -> None:
