@@ -60,17 +60,18 @@ class Metrics:
         self.bad_frames = 0
         self.started = time.time()
 
-    def observe(self, call: str, seconds: float, error_code: int | None) -> None:
-        """Record one call: its latency and, when it failed, its errorCode."""
+    def observe(self, call: str, seconds: float, error_code: int | None, count: int = 1) -> None:
+        """Record ``count`` calls that took ``seconds`` each and, when they failed,
+        their errorCode (oneway produces are handled in batches: one record each)."""
         with self._lock:
             stats = self._calls.get(call)
             if stats is None:
                 stats = self._calls[call] = _CallStats()
-            stats.count += 1
-            stats.sum_s += seconds
-            stats.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+            stats.count += count
+            stats.sum_s += seconds * count
+            stats.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += count
             if error_code is not None:
-                stats.errors[error_code] = stats.errors.get(error_code, 0) + 1
+                stats.errors[error_code] = stats.errors.get(error_code, 0) + count
 
     def render(self, topics: Iterable[Any]) -> str:
         """The Prometheus text exposition of every metric."""

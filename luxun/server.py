@@ -13,6 +13,13 @@ every frame is walked once (:func:`check_frame`) so that no length or count insi
 can point past its end before the Cython decoder sees it. Reads are buffered: many
 small frames (oneway produces) are taken from one ``recv``.
 
+Produce calls take a hand-written path (:mod:`luxun.wire`): a ``produce`` or
+``asyncProduce`` frame in the canonical layout is parsed in a few slices (about 1 us
+instead of about 6 us for checking plus decoding), and the asyncProduce frames
+found together in the buffer for one topic are appended with one ``enqueue_many``
+(flushed before any other call on the connection, so calls still take effect in
+the order they were sent). Anything else takes the generic checked path.
+
 Thread-safety: ``start``/``stop`` from the main thread; connections run in their own.
 """
 
@@ -30,13 +37,16 @@ from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from .metrics import Metrics
-from .wire import encode_consume_reply
+from .wire import encode_consume_reply, encode_produce_reply, parse_produce_call
 
 log = logging.getLogger(__name__)
 
 _INITIAL_BUFFER = 64 * 1024
 _THREAD_STACK_BYTES = 512 * 1024
 _MAX_DEPTH = 32
+# A batch of received asyncProduce calls is appended at this size at the latest.
+_MAX_BATCH_ITEMS = 4096
+_MAX_BATCH_BYTES = 8 << 20
 
 # Thrift binary protocol type ids and the fixed sizes of the scalar ones.
 _T_STOP, _T_STRUCT, _T_MAP, _T_SET, _T_LIST, _T_STRING = 0, 12, 13, 14, 15, 11
@@ -155,6 +165,7 @@ class ThriftServer:
         metrics: Metrics | None = None,
     ) -> None:
         self._processor = TProcessor(service, handler)
+        self._handler = handler
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
         self.metrics = metrics or Metrics()
@@ -245,11 +256,19 @@ class ThriftServer:
         buf = bytearray(_INITIAL_BUFFER)
         start = end = 0
         max_frame = self.max_frame_bytes
+        handler = self._handler
         while True:
-            # Handle every complete frame in the buffer.
+            # Handle every complete frame in the buffer. Consecutive asyncProduce calls
+            # to one topic are appended together (one enqueue_many); the batch is
+            # flushed before any other call, so calls still take effect in order.
+            batch_topic: str | None = None
+            batch: list[bytes | None] = []
+            batch_bytes = 0
             while end - start >= 4:
                 size = int.from_bytes(buf[start : start + 4], "big", signed=True)
                 if size <= 0 or size > max_frame:
+                    if batch:
+                        handler.async_produce_many(batch_topic, batch)
                     self.metrics.bad_frames += 1
                     log.warning("closing connection from %s: frame of %d bytes (limit %d)", peer, size, max_frame)
                     return
@@ -261,10 +280,34 @@ class ThriftServer:
                         if 4 + size > len(buf):
                             buf.extend(bytes(4 + size - len(buf)))
                     break
+                call = parse_produce_call(buf, start + 4, start + 4 + size)
+                if call is not None and call[0]:  # asyncProduce
+                    _, _, item, topic = call
+                    start += 4 + size
+                    if batch and (
+                        topic != batch_topic or len(batch) >= _MAX_BATCH_ITEMS or batch_bytes >= _MAX_BATCH_BYTES
+                    ):
+                        handler.async_produce_many(batch_topic, batch)
+                        batch, batch_bytes = [], 0
+                    batch_topic = topic
+                    batch.append(item)
+                    batch_bytes += len(item)
+                    continue
+                if batch:
+                    handler.async_produce_many(batch_topic, batch)
+                    batch, batch_bytes = [], 0
+                if call is not None:  # produce: decoded and answered by hand
+                    _, seqid, item, topic = call
+                    start += 4 + size
+                    result, index = handler.produce_item(topic, item)
+                    self._send(sock, encode_produce_reply(seqid, result, index))
+                    continue
                 frame = bytes(buf[start + 4 : start + 4 + size])
                 start += 4 + size
                 if not self._handle(sock, peer, frame):
                     return
+            if batch:
+                handler.async_produce_many(batch_topic, batch)
             if start == end:
                 start = end = 0
                 if len(buf) > 1 << 20:  # give back what one big frame needed
@@ -301,14 +344,19 @@ class ThriftServer:
             self._processor.send_result(oprot, api, result, seqid)
             out = oprot.trans.getvalue()
         if out:
-            header = len(out).to_bytes(4, "big")
-            if len(out) < 65536:
-                sock.sendall(header + out)
-            else:  # no copy of a big reply; finish with sendall if the kernel took only part
-                sent = sock.sendmsg([header, out])
-                if sent < 4:
-                    sock.sendall(header[sent:])
-                    sent = 4
-                if sent < 4 + len(out):
-                    sock.sendall(memoryview(out)[sent - 4 :])
+            self._send(sock, out)
         return True
+
+    @staticmethod
+    def _send(sock: socket.socket, out: bytes) -> None:
+        """Send one reply frame."""
+        header = len(out).to_bytes(4, "big")
+        if len(out) < 65536:
+            sock.sendall(header + out)
+        else:  # no copy of a big reply; finish with sendall if the kernel took only part
+            sent = sock.sendmsg([header, out])
+            if sent < 4:
+                sock.sendall(header[sent:])
+                sent = 4
+            if sent < 4 + len(out):
+                sock.sendall(memoryview(out)[sent - 4 :])

@@ -67,6 +67,8 @@ E = T.ErrorCode
 
 #: Longest long-poll wait honoured, in ms (a client asking more gets this).
 MAX_WAIT_MS = 60_000
+#: Failed oneway produces are logged at most this often (they are all counted).
+_WARN_EVERY_S = 10.0
 
 _OK = T.Result(resultCode=SUCCESS)
 
@@ -103,38 +105,84 @@ class QueueHandler:
         self.flush_count = flush_count
         self.password_check = password_check
         self.metrics = metrics
+        self._last_async_warning = -_WARN_EVERY_S
 
     # -- produce -----------------------------------------------------------------------
     def produce(self, request: Any) -> Any:
-        t0 = time.perf_counter()
-        result, index = self._append(request, "produce")
-        self.metrics.observe("produce", time.perf_counter() - t0, result.errorCode)
+        result, index = self.produce_item(request.topic, request.item)
         return T.ProduceResponse(result=result, index=index)
 
     def asyncProduce(self, request: Any) -> None:
-        t0 = time.perf_counter()
-        result, _ = self._append(request, "asyncProduce")
-        self.metrics.observe("asyncProduce", time.perf_counter() - t0, result.errorCode)
+        self.async_produce_many(request.topic, [request.item])
 
-    def _append(self, request: Any, call: str) -> tuple[Any, int]:
-        name = request.topic
-        item = request.item
+    def produce_item(self, name: str | None, item: bytes | None) -> tuple[Any, int]:
+        """One acknowledged produce: ``(Result, index)``."""
+        t0 = time.perf_counter()
+        if item is None or name is None:
+            result, index = InternalError("ProduceRequest needs both item and topic").to_result(), 0
+        else:
+            result, index = self._append(name, [item], "produce")
+        self.metrics.observe("produce", time.perf_counter() - t0, result.errorCode)
+        return result, index
+
+    def async_produce_many(self, name: str | None, items: list[bytes | None]) -> None:
+        """``len(items)`` consecutive oneway produces to one topic, appended with one
+        ``enqueue_many`` (the server batches the asyncProduce frames it has already
+        received). Each item is judged on its own, as if produced alone: an oversized
+        one is refused and counted, the others are appended in order."""
+        t0 = time.perf_counter()
+        limit = self.max_message_size
+        good = [item for item in items if item is not None and len(item) <= limit]
+        refused = len(items) - len(good)
+        if refused:
+            first_bad = next(item for item in items if item is None or len(item) > limit)
+            error = (
+                InternalError("ProduceRequest needs both item and topic")
+                if first_bad is None
+                else MessageSizeTooLarge(name or "", len(first_bad), limit)
+            ).to_result()
+            self._warn_async(f"asyncProduce to topic {name!r}: {refused} item(s) refused: {error.errorMessage}")
+            self.metrics.observe("asyncProduce", 0.0, error.errorCode, count=refused)
+        if not good:
+            return
+        if name is None:
+            result = InternalError("ProduceRequest needs both item and topic").to_result()
+        else:
+            result, _ = self._append(name, good, "asyncProduce")
+        if result.errorCode is not None:
+            self._warn_async(f"asyncProduce of {len(good)} item(s) to topic {name!r} failed: {result.errorMessage}")
+        n = len(good)
+        self.metrics.observe("asyncProduce", (time.perf_counter() - t0) / n, result.errorCode, count=n)
+
+    def _warn_async(self, message: str) -> None:
+        """Log a failed oneway produce (nobody gets its Result), at most once per
+        ``_WARN_EVERY_S``; every failure is counted in the metrics by error code."""
+        now = time.monotonic()
+        if now - self._last_async_warning >= _WARN_EVERY_S:
+            self._last_async_warning = now
+            log.warning("%s (oneway: the client is not told; similar failures are logged at most every %.0f s)",
+                        message, _WARN_EVERY_S)  # fmt: skip
+
+    def _append(self, name: str, items: list[bytes], call: str) -> tuple[Any, int]:
+        """Append ``items`` (each within the size limit unless alone) to topic ``name``."""
         try:
-            if item is None or name is None:
-                return InternalError("ProduceRequest needs both item and topic").to_result(), 0
-            size = len(item)
-            if size > self.max_message_size:
-                return MessageSizeTooLarge(name, size, self.max_message_size).to_result(), 0
+            if len(items) == 1:
+                size = len(items[0])
+                if size > self.max_message_size:
+                    return MessageSizeTooLarge(name, size, self.max_message_size).to_result(), 0
+            else:
+                size = sum(map(len, items))
             topic = self.topics.get(name) or self.topics.get_or_create(name)
-            index = topic.queue.enqueue(item)
+            queue = topic.queue
+            index = queue.enqueue(items[0]) if len(items) == 1 else queue.enqueue_many(items)
             stats = topic.stats
-            stats.items_in += 1
+            stats.items_in += len(items)
             stats.bytes_in += size
             if self.flush_count > 0:
-                stats.unflushed += 1
+                stats.unflushed += len(items)
                 if stats.unflushed >= self.flush_count:
                     stats.unflushed = 0
-                    topic.queue.flush()
+                    queue.flush()
             topic.notify()
             return _OK, index
         except InvalidNameError as exc:

@@ -11,7 +11,7 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from idl import QueueService
 from idl import luxun_thrift as T
-from luxun.wire import encode_consume_reply
+from luxun.wire import encode_consume_reply, encode_produce_reply, parse_produce_call
 
 
 def reference(seqid: int, response: Any) -> bytes:
@@ -61,3 +61,63 @@ RESPONSES = {
 def test_encode_consume_reply_matches_thriftpy2(name: str, seqid: int) -> None:
     response = RESPONSES[name]
     assert encode_consume_reply(seqid, response) == reference(seqid, response)
+
+
+def call_bytes(api: str, request: Any, seqid: int, kind: int) -> bytes:
+    proto = TCyBinaryProtocol(TCyMemoryBuffer())
+    proto.write_message_begin(api, kind, seqid)
+    getattr(QueueService, api + "_args")(produceRequest=request).write(proto)
+    proto.write_message_end()
+    return bytes(proto.trans.getvalue())
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        T.Result(resultCode=0),
+        T.Result(resultCode=1, errorCode=6, errorMessage="item of 2000 bytes is over max.message.size 1000 ✓"),
+    ],
+    ids=["ok", "error"],
+)
+@pytest.mark.parametrize("seqid", [0, 2**31 - 1, -5])
+def test_encode_produce_reply_matches_thriftpy2(result: Any, seqid: int) -> None:
+    for index in (0, 1, 2**62):
+        proto = TCyBinaryProtocol(TCyMemoryBuffer())
+        proto.write_message_begin("produce", TMessageType.REPLY, seqid)
+        QueueService.produce_result(success=T.ProduceResponse(result=result, index=index)).write(proto)
+        proto.write_message_end()
+        assert encode_produce_reply(seqid, result, index) == bytes(proto.trans.getvalue())
+
+
+@pytest.mark.parametrize("item", [b"", b"\x00\xff" * 300, b"x" * 70_000])
+@pytest.mark.parametrize("topic", ["t", "événements", "a" * 255])
+def test_parse_produce_call_reads_what_thriftpy2_writes(item: bytes, topic: str) -> None:
+    request = T.ProduceRequest(item=item, topic=topic)
+    for api, kind, oneway in (
+        ("produce", TMessageType.CALL, False),
+        ("asyncProduce", TMessageType.ONEWAY, True),
+        ("asyncProduce", TMessageType.CALL, True),  # old generators send oneway calls as CALL
+    ):
+        data = b"junk" + call_bytes(api, request, 9, kind) + b"more"
+        assert parse_produce_call(data, 4, len(data) - 4) == (oneway, 9, item, topic)
+
+
+def test_parse_produce_call_leaves_everything_else_to_the_generic_path() -> None:
+    good = call_bytes("produce", T.ProduceRequest(item=b"item", topic="t"), 1, TMessageType.CALL)
+    assert parse_produce_call(good, 0, len(good)) is not None
+    others = {
+        "another method": call_bytes(
+            "produce", T.ProduceRequest(item=b"item", topic="t"), 1, TMessageType.CALL
+        ).replace(b"produce", b"produca"),
+        "reply type": good[:3] + b"\x02" + good[4:],
+        "old-style header": good[4:],
+        "truncated": good[:-1],
+        "trailing byte": good + b"\x00",
+        "item length past the end": good.replace(b"\x00\x00\x00\x04item", b"\x00\x00\x7f\xffitem"),
+        "negative item length": good.replace(b"\x00\x00\x00\x04item", b"\xff\xff\xff\xffitem"),
+        "invalid UTF-8 topic": good.replace(b"\x00\x00\x00\x01t", b"\x00\x00\x00\x01\xff"),
+        "fields reversed": good.replace(b"\x0b\x00\x01", b"\x0b\x00\x03"),
+        "missing STOP": good[:-2] + b"\x08\x00",
+    }
+    for name, data in others.items():
+        assert parse_produce_call(data, 0, len(data)) is None, name

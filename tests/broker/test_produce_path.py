@@ -1,0 +1,135 @@
+"""The broker's hand-written produce path: asyncProduce frames received together are
+appended as one batch, each judged on its own, with calls still taking effect in the
+order they were sent; anything not in the canonical layout takes the generic path."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.thrift import TMessageType
+from thriftpy2.transport.memory import TCyMemoryBuffer
+
+from idl import QueueService
+from idl import luxun_thrift as T
+
+pytestmark = pytest.mark.timeout(120)
+
+LIMIT = 1000  # max.message.size of the broker under test
+
+
+def call_frame(api: str, topic: str, item: bytes, seqid: int = 1) -> bytes:
+    """One framed call as thriftpy2 writes it (canonical layout)."""
+    proto = TCyBinaryProtocol(TCyMemoryBuffer())
+    proto.write_message_begin(api, TMessageType.ONEWAY if api == "asyncProduce" else TMessageType.CALL, seqid)
+    getattr(QueueService, api + "_args")(produceRequest=T.ProduceRequest(item=item, topic=topic)).write(proto)
+    proto.write_message_end()
+    body = bytes(proto.trans.getvalue())
+    return struct.pack(">i", len(body)) + body
+
+
+def odd_layout_frame(topic: str, item: bytes, *, extra_field: bool = False) -> bytes:
+    """asyncProduce with ProduceRequest's fields written topic first (and optionally an
+    unknown field 9): legal Thrift, not the canonical layout, so it takes the generic
+    decoder."""
+    t = topic.encode()
+    request = b"\x0b\x00\x02" + struct.pack(">i", len(t)) + t + b"\x0b\x00\x01" + struct.pack(">i", len(item)) + item
+    if extra_field:
+        request += b"\x08\x00\x09" + struct.pack(">i", 42)
+    name = b"asyncProduce"
+    body = (
+        struct.pack(">ii", -2147418108, len(name))
+        + name
+        + struct.pack(">i", 5)
+        + b"\x0c\x00\x01"
+        + request
+        + b"\x00\x00"
+    )
+    return struct.pack(">i", len(body)) + body
+
+
+@pytest.fixture
+def small_broker(broker_factory: Any, tmp_path: Path) -> Any:
+    config = tmp_path / "server.properties"
+    config.write_text(f"max.message.size={LIMIT}\n")
+    return broker_factory("--config", str(config), metrics=True)
+
+
+def read_reply(sock: socket.socket) -> Any:
+    header = sock.recv(4, socket.MSG_WAITALL)
+    (size,) = struct.unpack(">i", header)
+    body = sock.recv(size, socket.MSG_WAITALL)
+    proto = TCyBinaryProtocol(TCyMemoryBuffer(body))
+    name, _, seqid = proto.read_message_begin()
+    result = QueueService.produce_result()
+    result.read(proto)
+    return name, seqid, result.success
+
+
+def test_async_batch_keeps_order_refuses_only_the_oversized_item(small_broker: Any) -> None:
+    frames = [
+        call_frame("asyncProduce", "a", b"a1"),
+        call_frame("asyncProduce", "a", b"a2"),
+        call_frame("asyncProduce", "a", b"x" * (LIMIT + 1)),  # refused on its own
+        call_frame("asyncProduce", "a", b"a3"),
+        call_frame("asyncProduce", "b", b"b1"),
+        call_frame("asyncProduce", "a", b"a4"),
+        call_frame("asyncProduce", "../bad", b"z"),  # refused: invalid topic
+        call_frame("produce", "a", b"a5", seqid=77),  # sees every oneway call sent before it
+    ]
+    with socket.create_connection(("127.0.0.1", small_broker.port), timeout=10) as sock:
+        sock.sendall(b"".join(frames))  # one write: the broker finds them together
+        name, seqid, response = read_reply(sock)
+    assert (name, seqid, response.result.resultCode, response.index) == ("produce", 77, 0, 4)
+    client = small_broker.client()
+    items = client.consume(T.ConsumeRequest(topic="a", startIndex=0, maxFetchSize=1 << 20)).itemList
+    assert items == [b"a1", b"a2", b"a3", b"a4", b"a5"]
+    assert client.consume(T.ConsumeRequest(topic="b", startIndex=0, maxFetchSize=1 << 20)).itemList == [b"b1"]
+    client.close()
+    with urllib.request.urlopen(f"http://127.0.0.1:{small_broker.metrics_port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    assert 'luxun_requests_total{method="asyncProduce"} 7' in text
+    assert 'luxun_request_errors_total{method="asyncProduce",code="MESSAGE_SIZE_TOO_LARGE"} 1' in text
+    assert 'luxun_request_errors_total{method="asyncProduce",code="INVALID_TOPIC"} 1' in text
+    assert 'luxun_topic_items_in_total{topic="a"} 5' in text
+    assert "refused" in small_broker.log() or "failed" in small_broker.log()
+
+
+def test_other_layouts_take_the_generic_path_in_order(small_broker: Any) -> None:
+    frames = [
+        call_frame("asyncProduce", "o", b"1"),
+        odd_layout_frame("o", b"2"),
+        call_frame("asyncProduce", "o", b"3"),
+        odd_layout_frame("o", b"4", extra_field=True),
+        call_frame("asyncProduce", "o", b"5"),
+        call_frame("produce", "o", b"6", seqid=-3),
+    ]
+    with socket.create_connection(("127.0.0.1", small_broker.port), timeout=10) as sock:
+        sock.sendall(b"".join(frames))
+        name, seqid, response = read_reply(sock)
+    assert (name, seqid, response.index) == ("produce", -3, 5)
+    client = small_broker.client()
+    items = client.consume(T.ConsumeRequest(topic="o", startIndex=0, maxFetchSize=1 << 20)).itemList
+    assert items == [b"1", b"2", b"3", b"4", b"5", b"6"]
+    client.close()
+
+
+def test_many_async_frames_in_flight_all_arrive(small_broker: Any) -> None:
+    """Thousands of frames per write: batches are cut at their size bounds, nothing is lost."""
+    frames = [call_frame("asyncProduce", "many", b"%06d" % i) for i in range(20_000)]
+    with socket.create_connection(("127.0.0.1", small_broker.port), timeout=10) as sock:
+        sock.sendall(b"".join(frames))
+        sock.sendall(call_frame("produce", "many", b"end"))
+        _, _, response = read_reply(sock)
+    assert response.index == 20_000
+    client = small_broker.client()
+    got: list[bytes] = []
+    while len(got) < 20_001:
+        got += client.consume(T.ConsumeRequest(topic="many", startIndex=len(got), maxFetchSize=1 << 20)).itemList
+    assert got == [b"%06d" % i for i in range(20_000)] + [b"end"]
+    client.close()
