@@ -19,7 +19,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -382,6 +382,53 @@ class BigArray:
         Raises:
             IndexOutOfRangeError: ``start`` is outside [tail, head].
         """
+        out: list[bytes] = []
+        with self._reading(start):
+            for pages, offsets, lengths in self._range_fields(start, max_items, max_bytes):
+                self._slice_items(pages, offsets, lengths, out)
+        return out
+
+    def read_range_blob(
+        self, start: int, *, max_items: int | None = None, max_bytes: int | None = None
+    ) -> tuple[np.ndarray[Any, Any], bytes]:
+        """The items :meth:`read_range` would return, as ``(lengths, data)``: their
+        lengths (int64) and their bytes concatenated. No ``bytes`` object per item:
+        for small items this is several times cheaper, and it is what a reply that
+        frames the items itself needs.
+
+        Raises:
+            IndexOutOfRangeError: ``start`` is outside [tail, head].
+        """
+        blobs: list[bytes] = []
+        all_lengths: list[np.ndarray[Any, Any]] = []
+        with self._reading(start):
+            for pages, offsets, lengths in self._range_fields(start, max_items, max_bytes):
+                self._join_items(pages, offsets, lengths, blobs)
+                all_lengths.append(lengths)
+        if not all_lengths:
+            return np.zeros(0, dtype=np.int64), b""
+        lengths = all_lengths[0] if len(all_lengths) == 1 else np.concatenate(all_lengths)
+        return lengths, blobs[0] if len(blobs) == 1 else b"".join(blobs)
+
+    @contextlib.contextmanager
+    def _reading(self, start: int) -> Iterator[None]:
+        """Errors of a read from ``start`` as the API promises them: pages that
+        retention deleted under us are an index out of range; a mapping closed by
+        ``close()`` in another thread is a closed array."""
+        try:
+            yield
+        except FileNotFoundError:
+            raise IndexOutOfRangeError(start, self._tail, self._head) from None
+        except ValueError:
+            if self._closed:
+                raise self._closed_error() from None
+            raise
+
+    def _range_fields(
+        self, start: int, max_items: int | None, max_bytes: int | None
+    ) -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Index fields (pages, offsets, lengths) of the items a read from ``start``
+        returns, in chunks within one index page each (see :meth:`read_range`)."""
         self._check_open()
         head = self._head
         if start == head and start >= self._tail:
@@ -390,33 +437,26 @@ class BigArray:
             raise IndexOutOfRangeError(start, self._tail, head)
         end = head if max_items is None else min(head, start + max(1, max_items))
         budget = -1 if max_bytes is None else max_bytes
-        out: list[bytes] = []
+        chunks: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         idx = start
-        try:
-            while idx < end:
-                slot = idx & fmt.INDEX_SLOT_MASK
-                m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot, _READ_CHUNK_ITEMS)
-                pages, offsets, lengths = self._index_fields(idx, m)
-                if budget >= 0:
-                    ends = np.cumsum(lengths)
-                    k = int(np.searchsorted(ends, budget, side="right"))
-                    forced = k == 0 and not out
-                    if forced:
-                        k = 1  # always at least one item, even one larger than the budget
-                    if k < m or forced:
-                        self._slice_items(pages[:k], offsets[:k], lengths[:k], out)
-                        break
-                    budget -= int(ends[-1])
-                self._slice_items(pages, offsets, lengths, out)
-                idx += m
-        except FileNotFoundError:
-            # Retention removed pages under us.
-            raise IndexOutOfRangeError(start, self._tail, self._head) from None
-        except ValueError:
-            if self._closed:  # close() in another thread unmapped the pages
-                raise self._closed_error() from None
-            raise
-        return out
+        while idx < end:
+            slot = idx & fmt.INDEX_SLOT_MASK
+            m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot, _READ_CHUNK_ITEMS)
+            pages, offsets, lengths = self._index_fields(idx, m)
+            if budget >= 0:
+                ends = np.cumsum(lengths)
+                k = int(np.searchsorted(ends, budget, side="right"))
+                forced = k == 0 and not chunks
+                if forced:
+                    k = 1  # always at least one item, even one larger than the budget
+                if k < m or forced:
+                    if k:
+                        chunks.append((pages[:k], offsets[:k], lengths[:k]))
+                    break
+                budget -= int(ends[-1])
+            chunks.append((pages, offsets, lengths))
+            idx += m
+        return chunks
 
     def _index_fields(
         self, start: int, m: int
@@ -444,6 +484,31 @@ class BigArray:
     ) -> None:
         """Append the items described by index fields to ``out``: one copy per data
         page, then one ``bytes`` per item."""
+        for blob, starts, lens in self._page_runs(pages, offsets, lengths):
+            out.extend([blob[x:y] for x, y in zip(starts.tolist(), (starts + lens).tolist(), strict=True)])
+
+    def _join_items(
+        self,
+        pages: np.ndarray[Any, Any],
+        offsets: np.ndarray[Any, Any],
+        lengths: np.ndarray[Any, Any],
+        out: list[bytes],
+    ) -> None:
+        """Append the bytes of the items described by index fields to ``out``, items
+        back to back: the page's bytes as they are when the items are contiguous
+        there (they always are when we wrote them), else joined item by item."""
+        for blob, starts, lens in self._page_runs(pages, offsets, lengths):
+            if np.array_equal(starts[1:], np.cumsum(lens[:-1])):
+                out.append(blob)
+            else:
+                bounds = zip(starts.tolist(), (starts + lens).tolist(), strict=True)
+                out.append(b"".join([blob[x:y] for x, y in bounds]))
+
+    def _page_runs(
+        self, pages: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]
+    ) -> Iterator[tuple[bytes, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Per run of items on one data page: (the bytes from the run's first item to
+        the end of its last, each item's start within them, the items' lengths)."""
         n = len(pages)
         if n == 0:
             return
@@ -451,13 +516,12 @@ class BigArray:
         for a, b in zip([0, *cuts], [*cuts, n], strict=True):
             first_off = int(offsets[a])
             end_off = int(offsets[b - 1] + lengths[b - 1])
-            dpage = self._data.acquire(int(pages[a]))
+            dpage = self._data.acquire(int(pages[a]))  # FileNotFoundError: see _reading
             try:
                 blob = dpage.mm[first_off:end_off]
             finally:
                 self._data.release(dpage)
-            starts = offsets[a:b] - first_off
-            out.extend([blob[x:y] for x, y in zip(starts.tolist(), (starts + lengths[a:b]).tolist(), strict=True)])
+            yield blob, offsets[a:b] - first_off, lengths[a:b]
 
     def find_closest_index(self, timestamp_ms: int) -> int:
         """Index whose append time is closest to ``timestamp_ms`` (ties: the earlier).

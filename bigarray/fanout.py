@@ -20,9 +20,11 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from . import format as fmt
 from .array import BigArray
@@ -33,6 +35,7 @@ from .page import MappedPage, PageFactory
 log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
+_R = TypeVar("_R", list[bytes], tuple[np.ndarray[Any, Any], bytes])
 
 #: Seconds between automatic clean-ups, when enabled.
 DEFAULT_CLEANUP_INTERVAL_S = 1.0
@@ -152,6 +155,12 @@ class FanoutQueue:
         """See :meth:`BigArray.read_range`."""
         return self.array.read_range(start, max_items=max_items, max_bytes=max_bytes)
 
+    def read_range_blob(
+        self, start: int, *, max_items: int | None = None, max_bytes: int | None = None
+    ) -> tuple[np.ndarray[Any, Any], bytes]:
+        """See :meth:`BigArray.read_range_blob`."""
+        return self.array.read_range_blob(start, max_items=max_items, max_bytes=max_bytes)
+
     def find_closest_index(self, timestamp_ms: int) -> int:
         """See :meth:`BigArray.find_closest_index`."""
         return self.array.find_closest_index(timestamp_ms)
@@ -200,23 +209,45 @@ class FanoutQueue:
         """:meth:`dequeue_many` that also says where the items are: ``(index of the
         first item, items)``. With no items the index is where the group stands.
         """
+        start, items = self._take(
+            group, lambda i: self.array.read_range(i, max_items=max_items, max_bytes=max_bytes), []
+        )
+        return start, items
+
+    def dequeue_blob(
+        self, group: str, *, max_items: int | None = None, max_bytes: int | None = None
+    ) -> tuple[int, np.ndarray[Any, Any], bytes]:
+        """:meth:`dequeue_indexed` with the items as :meth:`BigArray.read_range_blob`
+        gives them: ``(index of the first item, lengths, data)``."""
+        start, (lengths, data) = self._take(
+            group,
+            lambda i: self.array.read_range_blob(i, max_items=max_items, max_bytes=max_bytes),
+            (np.zeros(0, dtype=np.int64), b""),
+        )
+        return start, lengths, data
+
+    def _take(self, group: str, read: Callable[[int], _R], empty: _R) -> tuple[int, _R]:
+        """Read from the group's position with ``read(index)`` (a list of items or
+        ``(lengths, data)``) and move the group past what it returned; ``empty`` when
+        the group has read everything."""
         with self._locked_group(group) as g:
             while True:
                 start = self._front(g)
                 if start >= self.array.head:
-                    items: list[bytes] = []
+                    got = empty
                     break
                 try:
-                    items = self.array.read_range(start, max_items=max_items, max_bytes=max_bytes)
+                    got = read(start)
                 except IndexOutOfRangeError:
                     if self.array.closed:
                         raise
                     continue  # retention moved the tail under us: start again from it
-                g.index = start + len(items)
+                g.index = start + len(got[0]) if isinstance(got, tuple) else start + len(got)
                 break
-        if self._auto_cleanup and items:
+        count = len(got[0]) if isinstance(got, tuple) else len(got)
+        if self._auto_cleanup and count:
             self._maybe_cleanup()
-        return start, items
+        return start, got
 
     def peek(self, group: str) -> bytes | None:
         """The group's next item without taking it, or None."""

@@ -37,7 +37,7 @@ from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from .metrics import Metrics
-from .wire import encode_consume_reply, encode_produce_reply, parse_produce_call
+from .wire import encode_consume_reply, encode_consume_reply_parts, encode_produce_reply, parse_produce_call
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ _MAX_DEPTH = 32
 # A batch of received asyncProduce calls is appended at this size at the latest.
 _MAX_BATCH_ITEMS = 4096
 _MAX_BATCH_BYTES = 8 << 20
+_CONSUME_NAME = b"\x00\x00\x00\x07consume"  # the name field of a strict "consume" call
 
 # Thrift binary protocol type ids and the fixed sizes of the scalar ones.
 _T_STOP, _T_STRUCT, _T_MAP, _T_SET, _T_LIST, _T_STRING = 0, 12, 13, 14, 15, 11
@@ -166,6 +167,10 @@ class ThriftServer:
     ) -> None:
         self._processor = TProcessor(service, handler)
         self._handler = handler
+        # The consume fast path, when the service has ``consume`` and the handler
+        # ``consume_for_wire`` (QueueService and QueueHandler do).
+        self._consume_args: Any = getattr(service, "consume_args", None)
+        self._consume_for_wire: Any = getattr(handler, "consume_for_wire", None) if self._consume_args else None
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
         self.metrics = metrics or Metrics()
@@ -323,19 +328,30 @@ class ThriftServer:
     def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
         try:
             check_frame(frame)
-            api, seqid, result, call = self._processor.process_in(
-                TCyBinaryProtocol(TCyMemoryBuffer(frame), strict_read=False)
-            )
+            iprot = TCyBinaryProtocol(TCyMemoryBuffer(frame), strict_read=False)
+            if self._consume_for_wire is not None and frame[4:15] == _CONSUME_NAME:
+                # The hot read path: decoded here, answered with the items the
+                # handler leaves as one blob, encoded by hand.
+                _, _, seqid = iprot.read_message_begin()
+                args = self._consume_args()
+                args.read(iprot)
+                iprot.read_message_end()
+                api, result, call = "consume", None, None
+            else:
+                api, seqid, result, call = self._processor.process_in(iprot)
         except Exception as exc:
             self.metrics.bad_frames += 1
             log.warning("closing connection from %s: undecodable request (%s)", peer, exc)
             return False
+        if result is None:
+            self._send_parts(sock, encode_consume_reply_parts(seqid, self._consume_for_wire(args.consumeRequest)))
+            return True
         if isinstance(result, TApplicationException) or call is None:  # e.g. an unknown method
             oprot = TCyBinaryProtocol(TCyMemoryBuffer())
             self._processor.send_exception(oprot, api, result, seqid)
             out = oprot.trans.getvalue()
         elif api == "consume":
-            out = encode_consume_reply(seqid, call())  # the hot path, encoded by hand
+            out = encode_consume_reply(seqid, call())  # encoded by hand
         else:
             result.success = call()  # our handlers answer errors in Result, never raise
             if result.oneway:
@@ -346,6 +362,24 @@ class ThriftServer:
         if out:
             self._send(sock, out)
         return True
+
+    @staticmethod
+    def _send_parts(sock: socket.socket, parts: list[Any]) -> None:
+        """Send one reply frame made of a few buffers (bytes, memoryviews, uint8
+        arrays) with scatter/gather writes: no joined copy of a big reply."""
+        views = [memoryview(p).cast("B") for p in parts]
+        size = sum(v.nbytes for v in views)
+        views.insert(0, memoryview(size.to_bytes(4, "big")))
+        if size < 65536:
+            sock.sendall(b"".join(views))
+            return
+        while views:
+            sent = sock.sendmsg(views)
+            while views and sent >= views[0].nbytes:
+                sent -= views[0].nbytes
+                views.pop(0)
+            if views and sent:
+                views[0] = views[0][sent:]
 
     @staticmethod
     def _send(sock: socket.socket, out: bytes) -> None:

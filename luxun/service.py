@@ -57,6 +57,7 @@ from .errors import (
 )
 from .metrics import Metrics
 from .topics import Topic, TopicManager
+from .wire import ItemBlob
 
 log = logging.getLogger(__name__)
 
@@ -206,9 +207,22 @@ class QueueHandler:
 
     # -- consume -----------------------------------------------------------------------
     def consume(self, request: Any) -> Any:
+        return self._consume(request, blob=False)
+
+    def consume_for_wire(self, request: Any) -> Any:
+        """:meth:`consume` for :func:`luxun.wire.encode_consume_reply`: a fetch's
+        ``itemList`` may be an :class:`~luxun.wire.ItemBlob` (lengths + one bytes
+        object) instead of a list, which saves a ``bytes`` object per item."""
+        return self._consume(request, blob=True)
+
+    def _consume(self, request: Any, *, blob: bool) -> Any:
         t0 = time.perf_counter()
+        if request is None:
+            result = InternalError("consume needs a ConsumeRequest").to_result()
+            self.metrics.observe("consume", 0.0, result.errorCode)
+            return T.ConsumeResponse(result=result, itemList=[], lastConsumedIndex=0)
         try:
-            response = self._consume_once(request)
+            response = self._consume_once(request, blob)
             wait_ms = getattr(request, "maxWaitMs", None) or 0
             if wait_ms > 0 and response.result.errorCode in (
                 E.ALL_MESSAGE_CONSUMED,
@@ -216,7 +230,7 @@ class QueueHandler:
                 E.TOPIC_NOT_EXIST,
             ):
                 self.topics.wait_for(request.topic, self._ready_check(request), min(wait_ms, MAX_WAIT_MS) / 1000)
-                response = self._consume_once(request)
+                response = self._consume_once(request, blob)
         except Exception as exc:
             log.exception("consume from topic %r failed", request.topic)
             response = T.ConsumeResponse(
@@ -240,7 +254,7 @@ class QueueHandler:
 
         return ready
 
-    def _consume_once(self, request: Any) -> Any:
+    def _consume_once(self, request: Any, blob: bool) -> Any:
         name = request.topic
         group = request.fanoutId
         max_fetch = request.maxFetchSize or 0
@@ -249,7 +263,7 @@ class QueueHandler:
         last_index = first = 0
         queue: Any = None
 
-        def reply(result: Any, items: list[bytes] | None = None) -> Any:
+        def reply(result: Any, items: list[bytes] | ItemBlob | None = None) -> Any:
             response = T.ConsumeResponse(result=result, itemList=items or [], lastConsumedIndex=last_index)
             if with_times:
                 response.firstIndex = first
@@ -265,25 +279,33 @@ class QueueHandler:
             if queue.is_empty:
                 return reply(TopicIsEmpty(name, broker_id=self.broker_id).to_result())
             start = first = request.startIndex or 0
+            items: list[bytes] | ItemBlob
             if group:
                 if max_bytes is None and not with_times:  # one item: the cheaper single-item path
                     item = queue.dequeue(group)
                     items = [] if item is None else [item]
+                elif max_bytes is None:
+                    first, items = queue.dequeue_indexed(group, max_items=1)
+                elif blob:
+                    first, lengths, data = queue.dequeue_blob(group, max_bytes=max_bytes)
+                    items = ItemBlob(lengths, data)
                 else:
-                    first, items = queue.dequeue_indexed(
-                        group, max_items=1 if max_bytes is None else None, max_bytes=max_bytes
-                    )
+                    first, items = queue.dequeue_indexed(group, max_bytes=max_bytes)
+            elif start == queue.head:
+                items = []
             else:
-                if start == queue.head:
-                    items = []
+                if max_bytes is None:
+                    items = [queue.get(start)]
+                elif blob:
+                    items = ItemBlob(*queue.read_range_blob(start, max_bytes=max_bytes))
                 else:
-                    items = [queue.get(start)] if max_bytes is None else queue.read_range(start, max_bytes=max_bytes)
-                    last_index = start + len(items) - 1
-            if not items:
+                    items = queue.read_range(start, max_bytes=max_bytes)
+                last_index = start + len(items) - 1
+            if not len(items):
                 return reply(AllMessageConsumed(name, fanout_id=group, index=None if group else start).to_result())
             stats = topic.stats
             stats.items_out += len(items)
-            stats.bytes_out += sum(map(len, items))
+            stats.bytes_out += items.nbytes if isinstance(items, ItemBlob) else sum(map(len, items))
             return reply(_OK, items)
         except InvalidNameError as exc:
             return reply(InvalidTopic(name, str(exc)).to_result())

@@ -11,6 +11,9 @@ same (strict binary protocol, as thriftpy2 and Apache Thrift write it)::
         3: i64 lastConsumedIndex
         [4: list<i64> timestampList] [5: i64 firstIndex] } }
 
+A fetch's items may come as an :class:`ItemBlob` (lengths and one bytes object, as
+the storage reads them); their length prefixes are then interleaved with numpy.
+
 Produce calls are small and many, so they skip the generic decoder too:
 :func:`parse_produce_call` reads a ``produce``/``asyncProduce`` call written the way
 every Thrift generator writes it (strict header, fields in id order) and returns None
@@ -23,10 +26,13 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import numpy as np
+
 _I32 = struct.Struct(">i")
 _REPLY_HEADER = _I32.pack(-2147418110) + _I32.pack(7) + b"consume"  # 0x80010002, "consume"
 _PRODUCE_REPLY_HEADER = _I32.pack(-2147418110) + _I32.pack(7) + b"produce"
 _T_STRUCT, _T_I32, _T_I64, _T_STRING, _T_LIST = 12, 8, 10, 11, 15
+_MAX_PARTS = 512  # buffers per reply from encode_consume_reply_parts (IOV_MAX is 1024)
 
 # Calls: version 1 | CALL (1) or ONEWAY (4), then the method name.
 _CALL, _ONEWAY = -2147418111, -2147418108  # 0x80010001, 0x80010004
@@ -35,6 +41,68 @@ _ASYNC_PRODUCE = b"\x00\x00\x00\x0casyncProduce"
 _ARGS_ITEM = b"\x0c\x00\x01\x0b\x00\x01"  # args field 1 (struct) -> ProduceRequest field 1 (binary item)
 _TOPIC_FIELD = b"\x0b\x00\x02"  # ProduceRequest field 2 (string topic)
 _HEAD_I32 = struct.Struct(">i")
+
+
+class ItemBlob:
+    """Items as their lengths and their bytes back to back (what
+    :meth:`bigarray.BigArray.read_range_blob` returns): a consume reply made from it
+    needs no ``bytes`` object per item. Sized like the list it stands for."""
+
+    __slots__ = ("data", "lengths")
+
+    def __init__(self, lengths: np.ndarray[Any, Any], data: bytes) -> None:
+        self.lengths = lengths
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    def to_list(self) -> list[bytes]:
+        """The items as a list of ``bytes`` (for code that wants one)."""
+        data = self.data
+        ends = np.cumsum(self.lengths)
+        return [data[a:b] for a, b in zip((ends - self.lengths).tolist(), ends.tolist(), strict=True)]
+
+
+def _framed_items(items: ItemBlob) -> np.ndarray[Any, Any] | list[Any]:
+    """The elements of a ``list<binary>`` made from an :class:`ItemBlob`, each an i32
+    length then its bytes: as one uint8 array, or as a list of buffers.
+
+    Measured on 1 MiB of items (2 cores): items of one size (the usual case) are
+    written as rows of a 2-D array (0.2 ms for 10 000 items of 100 B, against 1 ms for
+    packing them one by one); mixed small sizes with ``numpy.insert`` (about 0.7 ms);
+    items of 512 B and more as memoryview slices (no copy until the final join).
+    """
+    lengths = items.lengths
+    n = len(lengths)
+    if n == 0:
+        return []
+    data = items.data
+    if len(data) >= 512 * n:  # few, big items
+        view = memoryview(data)
+        parts: list[Any] = []
+        begin = 0
+        for end in np.cumsum(lengths).tolist():
+            parts.append(_I32.pack(end - begin))
+            parts.append(view[begin:end])
+            begin = end
+        return parts
+    prefixes = lengths.astype(">i4")
+    first = int(lengths[0])
+    if bool((lengths == first).all()):
+        rows = np.empty((n, first + 4), dtype=np.uint8)
+        rows[:, :4] = prefixes.view(np.uint8).reshape(n, 4)
+        rows[:, 4:] = np.frombuffer(data, dtype=np.uint8).reshape(n, first)
+        return rows
+    starts = np.cumsum(lengths) - lengths
+    framed: np.ndarray[Any, Any] = np.insert(
+        np.frombuffer(data, dtype=np.uint8), np.repeat(starts, 4), prefixes.view(np.uint8)
+    )
+    return framed
 
 
 def _result_parts(result: Any, parts: list[bytes]) -> None:
@@ -51,23 +119,45 @@ def _result_parts(result: Any, parts: list[bytes]) -> None:
 
 def encode_consume_reply(seqid: int, response: Any) -> bytes:
     """The whole reply message (without the frame length) for ``response``."""
-    parts = [_REPLY_HEADER, _I32.pack(seqid), b"\x0c\x00\x00", b"\x0c\x00\x01"]
+    return b"".join(encode_consume_reply_parts(seqid, response))
+
+
+def encode_consume_reply_parts(seqid: int, response: Any) -> list[Any]:
+    """The reply message as a few buffers to send in order (at most
+    ``_MAX_PARTS``): the items of an :class:`ItemBlob` are not copied once more
+    into one ``bytes``."""
+    parts: list[Any] = [_REPLY_HEADER, _I32.pack(seqid), b"\x0c\x00\x00", b"\x0c\x00\x01"]
     _result_parts(response.result, parts)
     items = response.itemList or []
     parts.append(struct.pack(">bhbi", _T_LIST, 2, _T_STRING, len(items)))
-    pack = _I32.pack
-    append = parts.append
-    for item in items:
-        append(pack(len(item)))
-        append(item)
-    parts.append(struct.pack(">bhq", _T_I64, 3, response.lastConsumedIndex or 0))
+    if isinstance(items, ItemBlob):
+        out: list[Any] = [b"".join(parts)]
+        framed = _framed_items(items)
+        if not isinstance(framed, list):
+            out.append(framed)
+        elif len(framed) <= _MAX_PARTS - 2:
+            out.extend(framed)
+        else:
+            out.append(b"".join(framed))
+        parts = out
+    else:
+        pack = _I32.pack
+        append = parts.append
+        for item in items:
+            append(pack(len(item)))
+            append(item)
+    tail = [struct.pack(">bhq", _T_I64, 3, response.lastConsumedIndex or 0)]
     times = response.timestampList
     if times is not None:  # extension fields, only when asked for
-        parts.append(struct.pack(f">bhbi{len(times)}q", _T_LIST, 4, _T_I64, len(times), *times))
+        tail.append(struct.pack(f">bhbi{len(times)}q", _T_LIST, 4, _T_I64, len(times), *times))
     if response.firstIndex is not None:
-        parts.append(struct.pack(">bhq", _T_I64, 5, response.firstIndex))
-    parts.append(b"\x00\x00")  # end of ConsumeResponse, end of consume_result
-    return b"".join(parts)
+        tail.append(struct.pack(">bhq", _T_I64, 5, response.firstIndex))
+    tail.append(b"\x00\x00")  # end of ConsumeResponse, end of consume_result
+    if isinstance(items, ItemBlob):
+        parts.append(b"".join(tail))
+        return parts
+    parts.extend(tail)
+    return [b"".join(parts)]
 
 
 def encode_produce_reply(seqid: int, result: Any, index: int) -> bytes:

@@ -82,6 +82,24 @@ def test_dequeue_indexed_says_where_the_items_are(tmp_path):
         assert q.timestamps(4, 2) == [q.timestamp(4), q.timestamp(5)]
 
 
+def test_dequeue_blob_is_dequeue_indexed_as_one_blob(tmp_path):
+    with open_queue(tmp_path / "q") as q:
+        lengths, data = q.dequeue_blob("g", max_bytes=100)[1:]
+        assert (lengths.tolist(), data) == ([], b"")
+        items = [b"%d" % i * (i % 7) for i in range(300)]  # crosses several 4 KiB data pages
+        q.enqueue_many(items)
+        pos = 0
+        while pos < len(items):
+            first, lengths, data = q.dequeue_blob("g", max_bytes=1000)
+            assert first == pos and len(lengths) > 0
+            assert data == b"".join(items[pos : pos + len(lengths)])
+            assert lengths.tolist() == [len(x) for x in items[pos : pos + len(lengths)]]
+            pos += len(lengths)
+        assert q.group_index("g") == 300 and q.dequeue_blob("g")[0] == 300
+        with pytest.raises(IndexOutOfRangeError):
+            q.read_range_blob(301)
+
+
 def test_peek_does_not_move(tmp_path):
     with open_queue(tmp_path / "q") as q:
         assert q.peek("g") is None

@@ -27,11 +27,12 @@ META = struct.Struct(">qq")  # head, tail
 FRONT = struct.Struct(">q")
 
 
-def write_java_array(path, data_page_size, pages, *, tail=0, groups=None):
+def write_java_array(path, data_page_size, pages, *, tail=0, groups=None, gap=0):
     """Write an array directory the way Java bigqueue 0.7.2 lays it out.
 
     ``pages`` is a list of data pages, each a list of (item bytes, timestamp ms);
-    items are packed back to back from offset 0 of their page.
+    items are packed back to back from offset 0 of their page (with ``gap`` unused
+    bytes after each, which no writer leaves but a reader must not assume away).
     Returns the flat list of (item, timestamp).
     """
     os.makedirs(path / "index")
@@ -46,7 +47,7 @@ def write_java_array(path, data_page_size, pages, *, tail=0, groups=None):
             blob[off : off + len(item)] = item
             INDEX_ITEM.pack_into(index, len(flat) * 32, page_no, off, len(item), ts)
             flat.append((item, ts))
-            off += len(item)
+            off += len(item) + gap
         assert off <= data_page_size
         with open(path / "data" / f"page-{page_no}.dat", "wb") as f:
             f.write(blob)
@@ -90,6 +91,25 @@ def test_opens_a_java_written_array(tmp_path):
     page, off, length, _ = INDEX_ITEM.unpack_from(raw, len(flat) * 32)
     assert (page, off, length) == (2, len(b"last item"), 6)
     assert json.loads((path / "bigarray.json").read_text())["data_page_size"] == 8192
+
+
+@pytest.mark.parametrize("gap", [0, 3])
+def test_read_range_blob_matches_read_range(tmp_path, gap):
+    path = tmp_path / "topic"
+    pages = [
+        [(b"first", 1), (b"\x00\xff" * 100, 2), (b"A" * 5000, 3)],
+        [(b"B" * 8000, 4)],
+        [(b"", 5), (b"x", 6), (b"last item", 7)],
+    ]
+    flat = write_java_array(path, 8192, pages, gap=gap)
+    with BigArray(path) as arr:
+        for start in range(len(flat)):
+            for kw in ({}, {"max_bytes": 5300}, {"max_items": 2}, {"max_bytes": 1}):
+                items = arr.read_range(start, **kw)
+                lengths, data = arr.read_range_blob(start, **kw)
+                assert (lengths.tolist(), data) == ([len(x) for x in items], b"".join(items)), (start, kw)
+        lengths, data = arr.read_range_blob(len(flat))
+        assert (lengths.tolist(), data) == ([], b"")
 
 
 def test_opens_a_java_written_queue_with_groups(tmp_path):

@@ -53,5 +53,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     outcome = yield
     rep = outcome.get_result()  # type: ignore[attr-defined]
     setattr(item, "rep_" + rep.when, rep)
-
-

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import socket
+import threading
 from typing import Any
 
+import numpy as np
 import pytest
 from thriftpy2.protocol.cybin import TCyBinaryProtocol
 from thriftpy2.thrift import TMessageType
@@ -11,7 +15,8 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from idl import QueueService
 from idl import luxun_thrift as T
-from luxun.wire import encode_consume_reply, encode_produce_reply, parse_produce_call
+from luxun.server import ThriftServer
+from luxun.wire import ItemBlob, encode_consume_reply, encode_produce_reply, parse_produce_call
 
 
 def reference(seqid: int, response: Any) -> bytes:
@@ -50,6 +55,15 @@ RESPONSES = {
         timestampList=[],
         firstIndex=17,
     ),
+    "uniform": T.ConsumeResponse(  # one size: framed as rows of a 2-D array
+        result=T.Result(resultCode=0), itemList=[bytes([i % 256]) * 100 for i in range(3000)], lastConsumedIndex=0
+    ),
+    "many big": T.ConsumeResponse(  # >= 512 B each, more than fit in one sendmsg: joined
+        result=T.Result(resultCode=0), itemList=[bytes([i % 256]) * (600 + i) for i in range(700)], lastConsumedIndex=0
+    ),
+    "few big": T.ConsumeResponse(  # sent as memoryview slices
+        result=T.Result(resultCode=0), itemList=[b"a" * 100_000, b"b" * 70_000, b""], lastConsumedIndex=0
+    ),
     "many": T.ConsumeResponse(
         result=T.Result(resultCode=0), itemList=[b"%d" % i for i in range(5000)], lastConsumedIndex=4999
     ),
@@ -61,6 +75,17 @@ RESPONSES = {
 def test_encode_consume_reply_matches_thriftpy2(name: str, seqid: int) -> None:
     response = RESPONSES[name]
     assert encode_consume_reply(seqid, response) == reference(seqid, response)
+
+
+@pytest.mark.parametrize("name", sorted(RESPONSES))
+def test_items_as_one_blob_encode_the_same(name: str) -> None:
+    response = RESPONSES[name]
+    items = response.itemList
+    blob = ItemBlob(np.array([len(x) for x in items], dtype=np.int64), b"".join(items))
+    assert len(blob) == len(items) and blob.nbytes == sum(map(len, items)) and blob.to_list() == items
+    as_blob = copy.copy(response)
+    as_blob.itemList = blob
+    assert encode_consume_reply(3, as_blob) == reference(3, response)
 
 
 def call_bytes(api: str, request: Any, seqid: int, kind: int) -> bytes:
@@ -121,3 +146,35 @@ def test_parse_produce_call_leaves_everything_else_to_the_generic_path() -> None
     }
     for name, data in others.items():
         assert parse_produce_call(data, 0, len(data)) is None, name
+
+
+def test_send_parts_survives_partial_writes() -> None:
+    """A reply of several buffers, much bigger than the socket buffer, arrives whole."""
+    parts: list[Any] = [
+        b"head",
+        np.arange(3_000_000, dtype=np.int64).view(np.uint8).reshape(-1, 8),
+        memoryview(b"x" * 100_001)[1:],
+        b"",
+        b"tail",
+    ]
+    want = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    got = bytearray()
+
+    def read() -> None:
+        while len(got) < 4 + len(want):
+            chunk = b.recv(65536)
+            if not chunk:
+                return
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        ThriftServer._send_parts(a, parts)
+    finally:
+        reader.join(30)
+        a.close()
+        b.close()
+    assert bytes(got) == len(want).to_bytes(4, "big") + want
