@@ -37,7 +37,7 @@ from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from .metrics import Metrics
-from .wire import encode_consume_reply, encode_consume_reply_parts, encode_produce_reply, parse_produce_call
+from .wire import encode_consume_reply, encode_consume_reply_parts, parse_produce_call, produce_reply_frame
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,7 @@ class ThriftServer:
             batch: list[bytes | None] = []
             batch_bytes = 0
             while end - start >= 4:
-                size = int.from_bytes(buf[start : start + 4], "big", signed=True)
+                (size,) = _I32.unpack_from(buf, start)
                 if size <= 0 or size > max_frame:
                     if batch:
                         handler.async_produce_many(batch_topic, batch)
@@ -305,7 +305,7 @@ class ThriftServer:
                     _, seqid, item, topic = call
                     start += 4 + size
                     result, index = handler.produce_item(topic, item)
-                    self._send(sock, encode_produce_reply(seqid, result, index))
+                    sock.sendall(produce_reply_frame(seqid, result, index))
                     continue
                 frame = bytes(buf[start + 4 : start + 4 + size])
                 start += 4 + size

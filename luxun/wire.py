@@ -173,6 +173,30 @@ def encode_produce_reply(seqid: int, result: Any, index: int) -> bytes:
     return b"".join(parts)
 
 
+# A successful produce reply with its frame length: length | header | seqid |
+# success { Result { 1: i32 0 } STOP, 2: i64 index } STOP STOP.
+_PRODUCE_OK = struct.Struct(f">i{len(_PRODUCE_REPLY_HEADER)}si6s8s3sq2s")
+_PRODUCE_OK_BODY = _PRODUCE_OK.size - 4
+
+
+def produce_reply_frame(seqid: int, result: Any, index: int) -> bytes:
+    """:func:`encode_produce_reply` with its 4-byte frame length in front; a success
+    (the usual case) is one ``struct.pack``."""
+    if result.resultCode == 0 and result.errorCode is None and result.errorMessage is None:
+        return _PRODUCE_OK.pack(
+            _PRODUCE_OK_BODY,
+            _PRODUCE_REPLY_HEADER,
+            seqid,
+            b"\x0c\x00\x00\x0c\x00\x01",
+            b"\x08\x00\x01\x00\x00\x00\x00\x00",
+            b"\x0a\x00\x02",
+            index,
+            b"\x00\x00",
+        )
+    body = encode_produce_reply(seqid, result, index)
+    return len(body).to_bytes(4, "big") + body
+
+
 def parse_produce_call(buf: bytes | bytearray, start: int, end: int) -> tuple[bool, int, bytes, str] | None:
     """``(oneway, seqid, item, topic)`` when ``buf[start:end]`` is exactly one
     ``produce`` or ``asyncProduce`` call in the canonical layout::

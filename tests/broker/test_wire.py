@@ -16,7 +16,7 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 from idl import QueueService
 from idl import luxun_thrift as T
 from luxun.server import ThriftServer
-from luxun.wire import ItemBlob, encode_consume_reply, encode_produce_reply, parse_produce_call
+from luxun.wire import ItemBlob, encode_consume_reply, encode_produce_reply, parse_produce_call, produce_reply_frame
 
 
 def reference(seqid: int, response: Any) -> bytes:
@@ -111,7 +111,9 @@ def test_encode_produce_reply_matches_thriftpy2(result: Any, seqid: int) -> None
         proto.write_message_begin("produce", TMessageType.REPLY, seqid)
         QueueService.produce_result(success=T.ProduceResponse(result=result, index=index)).write(proto)
         proto.write_message_end()
-        assert encode_produce_reply(seqid, result, index) == bytes(proto.trans.getvalue())
+        want = bytes(proto.trans.getvalue())
+        assert encode_produce_reply(seqid, result, index) == want
+        assert produce_reply_frame(seqid, result, index) == len(want).to_bytes(4, "big") + want
 
 
 @pytest.mark.parametrize("item", [b"", b"\x00\xff" * 300, b"x" * 70_000])
