@@ -1,0 +1,1 @@
+"""Tests that run the README's quickstart code against real brokers."""

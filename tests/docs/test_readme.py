@@ -1,0 +1,396 @@
+"""The README's quickstart code, run for real against broker subprocesses (STYLE.md habit 12).
+
+README.md is parsed at test time: the fenced ``sh`` and ``python`` blocks under the
+headings in :data:`SECTIONS` are run as they are written, after a small, explicit
+rewrite (:func:`rewrite`) that points their addresses at brokers on free 127.0.0.1
+ports (and their ``/tmp`` paths at the test's own directory). Every rewrite must find
+what it replaces, so a README edit that moves an address or renames a call fails here
+with a message saying which block and which text, instead of passing silently.
+
+Each Python block runs in a fresh ``python -c`` subprocess (cwd: the repository) via
+:data:`DRIVER`, which records the value of every expression statement of the block
+(``c.produce(...).index  # 0`` in the README becomes checkable) and then runs a few
+check lines in the block's namespace: ``value("<expression as written>")`` is the last
+value that expression produced, ``check(actual, expected)`` compares.
+
+``LUXUN_README=/path/to/copy.md`` runs the tests against another copy of the README
+(used to check that a broken block makes its test fail).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from clients.messages import decode_pack, encode_pack
+from idl import luxun_thrift as T
+from tests._broker import PASSWORD, BrokerProcess
+
+from .conftest import StartBroker
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+README = Path(os.environ.get("LUXUN_README", REPO_ROOT / "README.md"))
+
+BROKER = "Quickstart: the broker"
+STORAGE = "Quickstart: the storage library"
+CLIENTS = "Quickstart: Python clients"
+SPARK = "Spark"
+SECTIONS = (BROKER, STORAGE, CLIENTS, SPARK)
+#: The (section, language) blocks the tests below run; every block under SECTIONS must be one.
+COVERED = {(BROKER, "sh"), (BROKER, "python"), (STORAGE, "python"), (CLIENTS, "python"), (SPARK, "python")}
+
+BLOCK_TIMEOUT_S = 90
+SPARK_BLOCK_TIMEOUT_S = 240
+HAVE_PYSPARK = all(importlib.util.find_spec(name) is not None for name in ("pyspark", "pyarrow"))
+
+# Runs argv[1] (a README block whose fence is on line argv[3] of file argv[2]; tracebacks
+# name the README's own lines) after argv[4] (a prelude, not recorded), then argv[5] (checks).
+DRIVER = """\
+import ast, sys
+
+source, readme, fence_line, prelude, checks = sys.argv[1:6]
+values = {}
+
+def __record__(key, value):
+    values.setdefault(key, []).append(value)
+    return value
+
+def value(key):
+    if key not in values:
+        raise AssertionError(f"the README block ran no expression statement {key!r}; it ran: {list(values)}")
+    return values[key][-1]
+
+def check(actual, expected):
+    if actual != expected:
+        raise AssertionError(f"README block: got {actual!r}, expected {expected!r}")
+
+class Record(ast.NodeTransformer):
+    def visit_Expr(self, node):
+        key = ast.get_source_segment(source, node.value)
+        call = ast.Call(ast.Name("__record__", ast.Load()), [ast.Constant(key), node.value], [])
+        return ast.copy_location(ast.Expr(call), node)
+
+namespace = {"__name__": "__main__", "__record__": __record__, "value": value, "check": check}
+exec(compile(prelude, "<prelude>", "exec"), namespace)
+tree = ast.fix_missing_locations(Record().visit(ast.parse(source, readme)))
+exec(compile(ast.increment_lineno(tree, int(fence_line)), readme, "exec"), namespace)
+exec(compile(checks, "<checks>", "exec"), namespace)
+"""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of the README."""
+
+    section: str  # the nearest heading above it, without the #s
+    lang: str  # the info string after the opening fence ("sh", "python", ...)
+    code: str
+    line: int  # 1-based line of the opening fence
+
+
+def parse_blocks(path: Path) -> list[Block]:
+    """Every fenced code block of a Markdown file, with the heading it sits under."""
+    blocks: list[Block] = []
+    section = ""
+    fence: tuple[str, int, list[str]] | None = None
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if fence is None:
+            if line.startswith("```"):
+                fence = (line[3:].strip(), number, [])
+            elif line.startswith("#"):
+                section = line.lstrip("#").strip()
+        elif line.strip() == "```":
+            lang, start, lines = fence
+            blocks.append(Block(section, lang, "\n".join(lines) + "\n", start))
+            fence = None
+        else:
+            fence[2].append(line)
+    assert fence is None, f"{path}: the code block opened on line {fence[1]} is never closed"
+    return blocks
+
+
+def block(section: str, lang: str) -> Block:
+    """The one ``lang`` block under heading ``section``; fails clearly if there is not exactly one."""
+    found = [b for b in parse_blocks(README) if b.section == section and b.lang == lang]
+    if len(found) != 1:
+        pytest.fail(f"{README}: expected one ```{lang} block under '{section}', found {len(found)}")
+    return found[0]
+
+
+def rewrite(blk: Block, replacements: dict[str, str]) -> str:
+    """The block's code with each key replaced by its value (all at once, so a new port
+    never gets replaced again); every key must occur in the block."""
+    missing = [old for old in replacements if old not in blk.code]
+    if missing:
+        pytest.fail(
+            f"{README}:{blk.line} (```{blk.lang} under '{blk.section}'): expected {missing} in the block; "
+            "the README changed, update tests/docs/test_readme.py"
+        )
+    pattern = re.compile("|".join(re.escape(old) for old in sorted(replacements, key=len, reverse=True)))
+    return pattern.sub(lambda m: replacements[m.group(0)], blk.code)
+
+
+def address(broker: BrokerProcess) -> str:
+    return f"127.0.0.1:{broker.port}"
+
+
+def run_python(
+    blk: Block, code: str, checks: str, *, prelude: str = "", env: dict[str, str] | None = None, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """Run a (rewritten) block, then ``checks``, in a fresh interpreter; assert exit code 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, code, str(README.resolve()), str(blk.line), prelude, checks],
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert done.returncode == 0, (
+        f"{README}:{blk.line} (```python under '{blk.section}') failed with exit code {done.returncode}\n"
+        f"--- code run ---\n{code}--- checks ---\n{checks}--- stdout ---\n{done.stdout}\n--- stderr ---\n{done.stderr}"
+    )
+    return done
+
+
+def topic_messages(broker: BrokerProcess, topic: str) -> list[bytes]:
+    """Every message of every pack in a topic (read by a fresh group)."""
+    client = broker.client()
+    try:
+        response = client.consume(T.ConsumeRequest(topic=topic, fanoutId="readme-check", maxFetchSize=1 << 24))
+        assert response.result.resultCode == T.ResultCode.SUCCESS, response.result
+        return [message for item in response.itemList for message in decode_pack(item)]
+    finally:
+        client.close()
+
+
+def topic_size(broker: BrokerProcess, topic: str) -> int | None:
+    """The topic's item count, or None if the broker does not know the topic."""
+    client = broker.client()
+    try:
+        response = client.getSize(T.GetSizeRequest(topic=topic))
+    finally:
+        client.close()
+    if response.result.resultCode != T.ResultCode.SUCCESS:
+        assert response.result.errorCode == T.ErrorCode.TOPIC_NOT_EXIST, response.result
+        return None
+    return int(response.size)
+
+
+def test_every_quickstart_block_is_run() -> None:
+    """A block added under a quickstart heading (or one moved away) must get a test here."""
+    present = [(b.section, b.lang) for b in parse_blocks(README) if b.section in SECTIONS]
+    assert sorted(present) == sorted(COVERED), (
+        f"{README}: the quickstart blocks are now {sorted(present)}, the tests run {sorted(COVERED)}; "
+        "update COVERED and the tests"
+    )
+
+
+# --- Quickstart: the broker ---------------------------------------------------------
+
+#: Lines of the sh block that are not run: the test's broker is already running.
+SKIPPED_COMMANDS = {"scripts/run.sh"}
+LUXUN_COMMAND = ".venv/bin/luxun"  # the console script; run as `python -m luxun` (any venv)
+
+
+def test_broker_cli_quickstart(brokers: StartBroker) -> None:
+    """The ```sh block: produce two lines, read them by group and by index, list, delete."""
+    broker = brokers(metrics=True)
+    blk = block(BROKER, "sh")
+    options = {
+        "produce": ["--broker", address(broker)],
+        "consume": ["--broker", address(broker)],
+        "delete": ["--broker", address(broker)],
+        "topics": ["--metrics", f"http://127.0.0.1:{broker.metrics_port}"],
+    }
+
+    def produced(done: subprocess.CompletedProcess[bytes]) -> None:
+        assert topic_size(broker, "logs") == 2, "the produce should put 2 items in topic logs"
+
+    def by_group(done: subprocess.CompletedProcess[bytes]) -> None:
+        assert done.stdout == b"hello\nworld\n"
+
+    def by_index(done: subprocess.CompletedProcess[bytes]) -> None:
+        assert done.stdout == b"hello\n"
+
+    def listed(done: subprocess.CompletedProcess[bytes]) -> None:
+        rows = [line.split() for line in done.stdout.decode().splitlines()[1:]]
+        assert [row[0] for row in rows] == ["logs"], done.stdout
+        assert rows[0][1] == "2" and "analytics (0)" in done.stdout.decode(), done.stdout  # 2 items, group lag 0
+
+    def deleted(done: subprocess.CompletedProcess[bytes]) -> None:
+        assert topic_size(broker, "logs") is None, "topic logs should be gone"
+
+    checks: dict[tuple[str, ...], Callable[[subprocess.CompletedProcess[bytes]], None]] = {
+        ("produce", "logs"): produced,
+        ("consume", "logs", "--group", "analytics"): by_group,
+        ("consume", "logs", "--from", "earliest", "--max", "1"): by_index,
+        ("topics",): listed,
+        ("delete", "logs", "--password", "..."): deleted,
+    }
+    ran: list[tuple[str, ...]] = []
+    for offset, line in enumerate(blk.code.splitlines(), start=1):
+        tokens = shlex.split(line, comments=True)
+        if not tokens or tokens[0] in SKIPPED_COMMANDS:
+            continue
+        where = f"{README}:{blk.line + offset}: {line.strip()}"
+        args, stages = rewrite_command(tokens, options, where)
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", " | ".join(map(shlex.join, stages))],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, f"{where}\nexit code {done.returncode}\n{done.stderr.decode(errors='replace')}"
+        ran.append(args)
+        if args in checks:
+            try:
+                checks[args](done)
+            except AssertionError as exc:
+                raise AssertionError(f"{where}\nstdout: {done.stdout!r}\n{exc}") from None
+    missing = [args for args in checks if args not in ran]
+    assert not missing, f"{README}:{blk.line}: commands {missing} are no longer in the block (it ran {ran})"
+
+
+def rewrite_command(
+    tokens: list[str], options: dict[str, list[str]], where: str
+) -> tuple[tuple[str, ...], list[list[str]]]:
+    """A line's luxun arguments as the README writes them, and the line as pipeline stages
+    with its luxun command rewritten: ``python -m luxun``, the test broker's address
+    options added, the password filled in."""
+    stages: list[list[str]] = [[]]
+    for token in tokens:
+        if token == "|":
+            stages.append([])
+        else:
+            stages[-1].append(token)
+    luxun = [stage for stage in stages if stage[0] == LUXUN_COMMAND]
+    assert len(luxun) == 1, f"{where}: expected one {LUXUN_COMMAND} command in the line"
+    stage = luxun[0]
+    args = tuple(stage[1:])
+    command = stage[1]
+    assert command in options, f"{where}: no address options known for `luxun {command}`"
+    if command == "delete":
+        at = stage.index("--password") + 1
+        assert stage[at] == "...", f"{where}: expected `--password ...` (the test fills in its broker's password)"
+        stage[at] = PASSWORD
+    stage[:1] = [sys.executable, "-m", "luxun"]
+    stage.extend(options[command])
+    return args, stages
+
+
+def test_thrift_client_quickstart(brokers: StartBroker) -> None:
+    """The ```python block under the broker quickstart: a raw thriftpy2 client."""
+    broker = brokers()
+    blk = block(BROKER, "python")
+    code = rewrite(blk, {'"127.0.0.1", 9092': f'"127.0.0.1", {broker.port}'})
+    checks = """
+check(value('c.produce(T.ProduceRequest(item=b"event", topic="logs")).index'), 0)
+check(value('c.consume(T.ConsumeRequest(topic="logs", fanoutId="g", maxFetchSize=1 << 20, maxWaitMs=5000)).itemList'),
+      [b"event"])
+c.close()
+"""
+    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+
+
+# --- Quickstart: the storage library --------------------------------------------------
+
+
+def test_storage_quickstart(tmp_path: Path) -> None:
+    """BigArray and FanoutQueue, in directories of this test rather than /tmp's fixed names."""
+    blk = block(STORAGE, "python")
+    code = rewrite(
+        blk,
+        {
+            '"/tmp/demo-array"': json.dumps(str(tmp_path / "demo-array")),
+            '"/tmp/demo-queue"': json.dumps(str(tmp_path / "demo-queue")),
+        },
+    )
+    checks = """
+check(first, 0)
+check(value('arr.read_range(first, max_bytes=1 << 20)'), [b"event-1", b"event-2", b"event-3", b"event-4"])
+check(value('arr.find_closest_index(BigArray.EARLIEST)'), 0)
+check(value('q.dequeue("analytics")'), b"a")
+check(value('q.dequeue_many("archive", max_items=10)'), [b"a", b"b", b"c"])
+check(value('q.size("analytics")'), 2)
+"""
+    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+
+
+# --- Quickstart: Python clients -------------------------------------------------------
+
+
+def test_clients_quickstart(brokers: StartBroker) -> None:
+    """Producer, SimpleConsumer and a StreamConsumer over two brokers."""
+    first, second = brokers(), brokers()
+    blk = block(CLIENTS, "python")
+    code = rewrite(blk, {"127.0.0.1:9092": address(first), "127.0.0.1:9094": address(second)})
+    checks = """
+click = {"user": 7, "action": "click"}
+check(future.result(), 0)
+check(fetched.messages, [click])
+check(fetched.next_index, 1)
+check(message, click)
+"""
+    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+
+
+# --- Spark ----------------------------------------------------------------------------
+
+# A quiet local[2] session (as in tests/spark/conftest.py), for a block that uses
+# `spark` without creating it; the warehouse path is filled in.
+SPARK_PRELUDE = """\
+from pyspark.sql import SparkSession
+
+spark = (
+    SparkSession.builder.master("local[2]")
+    .appName("luxun-readme")
+    .config("spark.ui.enabled", "false")
+    .config("spark.ui.showConsoleProgress", "false")
+    .config("spark.sql.shuffle.partitions", "2")
+    .config("spark.default.parallelism", "2")
+    .config("spark.driver.host", "127.0.0.1")
+    .config("spark.sql.warehouse.dir", {warehouse})
+    .getOrCreate()
+)
+spark.sparkContext.setLogLevel("ERROR")
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not HAVE_PYSPARK, reason="pyspark and pyarrow are not installed (scripts/bootstrap.sh spark)")
+def test_spark_quickstart(brokers: StartBroker, tmp_path: Path) -> None:
+    """The data source reads topic events from two brokers and writes a copy to the first."""
+    first, second = brokers(), brokers()
+    seeded = {first: [[b"e-0", b"e-1"], [b"e-2"]], second: [[b"e-3", b"e-4", b"e-5"]]}
+    for broker, packs in seeded.items():
+        client = broker.client()
+        for pack in packs:
+            assert client.produce(T.ProduceRequest(item=encode_pack(pack), topic="events")).index >= 0
+        client.close()
+    expected = sorted(message for packs in seeded.values() for pack in packs for message in pack)
+
+    blk = block(SPARK, "python")
+    code = rewrite(blk, {"127.0.0.1:9092": address(first), "127.0.0.1:9094": address(second)})
+    creates_session = re.search(r"^\s*spark\s*=", code, re.MULTILINE) is not None
+    prelude = "" if creates_session else SPARK_PRELUDE.format(warehouse=json.dumps(str(tmp_path / "warehouse")))
+    checks = f"""
+check(df.count(), {len(expected)})
+spark.stop()
+"""
+    env = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    done = run_python(blk, code, checks, prelude=prelude, env=env, timeout_s=SPARK_BLOCK_TIMEOUT_S)
+    assert "events" in done.stdout, f"df.groupBy('topic').count().show() should print the topic:\n{done.stdout}"
+    assert sorted(topic_messages(first, "copy")) == expected, "the write should copy every value to topic copy"
