@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +48,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import dist_versions, filesystem_of, fmt_rate, git_commit, load_average, machine_base, os_pretty_name
+
 from bigarray import BigArray, FanoutQueue
 
 MIB = 1 << 20
@@ -513,73 +513,21 @@ def bench_peer(name: str, size: int, root: Path, args: argparse.Namespace) -> li
 
 # -- machine --------------------------------------------------------------------------------
 def machine_info(data_dir: Path) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    ram_gib = 0.0
-    with contextlib.suppress(OSError), open("/proc/meminfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                ram_gib = int(line.split()[1]) / (1 << 20)
-                break
-    os_name = platform.platform()
-    with contextlib.suppress(OSError), open("/etc/os-release", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("PRETTY_NAME="):
-                os_name = f"{line.split('=', 1)[1].strip().strip(chr(34))} (Linux {platform.release()})"
-    versions = {}
-    for dist in ("persist-queue", "queuelib", "diskcache"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[dist] = importlib.metadata.version(dist)
+    os_name = os_pretty_name()
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "cores_usable": len(os.sched_getaffinity(0)),
-        "ram_gib": round(ram_gib, 1),
+        **machine_base(),
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "os": os_name,
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "os": f"{os_name} (Linux {platform.release()})" if os_name else platform.platform(),
+        "load_average_start": load_average(),
         "data_dir": str(data_dir),
         "data_dir_filesystem": filesystem_of(data_dir),
         "git_commit": git_commit(),
-        "peer_versions": versions,
+        "peer_versions": dist_versions(("persist-queue", "queuelib", "diskcache")),
     }
 
 
-def filesystem_of(path: Path) -> str:
-    """Type and device of the mount holding ``path`` (longest matching mount point)."""
-    best = ("", "unknown")
-    with contextlib.suppress(OSError), open("/proc/mounts", encoding="utf-8") as f:
-        for line in f:
-            dev, mount, fstype = line.split()[:3]
-            if str(path.resolve()).startswith(mount.rstrip("/") + "/") and len(mount) > len(best[0]):
-                best = (mount, f"{fstype} on {dev}")
-    return best[1]
-
-
-def git_commit() -> str:
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
-
-
 # -- report ---------------------------------------------------------------------------------
-def fmt_rate(x: float) -> str:
-    for limit, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= limit:
-            return f"{x / limit:.2f} {unit}" if x < 10 * limit else f"{x / limit:.1f} {unit}"
-    return f"{x:.0f}"
-
-
 def best_peer(peers: dict[tuple[str, str, int], Result], names: list[str], workload: str, size: int) -> float:
     return max((peers[(n, PEER_WORKLOAD[workload], size)].items_per_s for n in names), default=0.0)
 
@@ -767,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.sync()
                 peer_results += bench_peer(name, size, size_dir, args)
             remove_tree(size_dir)
-        machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        machine["load_average_end"] = load_average()
     config = {k: getattr(args, k) for k in BUDGETS} | {
         "sizes": args.sizes,
         "peers": args.peers,

@@ -50,12 +50,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import importlib.metadata
 import io
 import json
 import multiprocessing as mp
 import os
-import platform
 import pstats
 import random
 import re
@@ -77,6 +75,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _common import dist_versions, fmt_rate, load_average, machine_info  # noqa: E402
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory  # noqa: E402
@@ -829,75 +828,7 @@ def external_broker(address: str, password: str | None) -> Iterator[BrokerInfo]:
     yield BrokerInfo(host or "127.0.0.1", int(port), None, password)
 
 
-# -- machine --------------------------------------------------------------------------------
-def machine_info(data_parent: Path | None) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    ram_gib = 0.0
-    with contextlib.suppress(OSError), open("/proc/meminfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                ram_gib = int(line.split()[1]) / (1 << 20)
-                break
-    os_name = platform.platform()
-    with contextlib.suppress(OSError), open("/etc/os-release", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("PRETTY_NAME="):
-                os_name = line.split("=", 1)[1].strip().strip('"')
-    versions = {}
-    for dist in ("thriftpy2", "python-snappy", "cramjam"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[dist] = importlib.metadata.version(dist)
-    data_dir = data_parent or Path(tempfile.gettempdir())
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "cores_usable": len(os.sched_getaffinity(0)),
-        "ram_gib": round(ram_gib, 1),
-        "os": os_name,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "versions": versions,
-        "git_commit": git_commit(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
-        "data_dir": str(data_dir),
-        "data_dir_filesystem": filesystem_of(data_dir),
-    }
-
-
-def filesystem_of(path: Path) -> str:
-    """Type and device of the mount holding ``path`` (longest matching mount point)."""
-    best = ("", "unknown")
-    with contextlib.suppress(OSError), open("/proc/mounts", encoding="utf-8") as f:
-        for line in f:
-            dev, mount, fstype = line.split()[:3]
-            if str(path.resolve()).startswith(mount.rstrip("/") + "/") and len(mount) > len(best[0]):
-                best = (mount, f"{fstype} on {dev}")
-    return best[1]
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
-
-
 # -- report ---------------------------------------------------------------------------------
-def fmt_rate(x: float) -> str:
-    for limit, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= limit:
-            return f"{x / limit:.2f} {unit}" if x < 10 * limit else f"{x / limit:.1f} {unit}"
-    return f"{x:.0f}"
-
-
 def fmt_size(n: int) -> str:
     return f"{n // 1000} KB" if n >= 1000 and n % 1000 == 0 else f"{n} B"
 
@@ -1129,7 +1060,7 @@ def profile_run(ctx: Context, cfg: Config) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.time()
-    machine = machine_info(args.data_dir)
+    machine = machine_info(args.data_dir, versions=dist_versions(("thriftpy2", "python-snappy", "cramjam")))
     sweeps = sweep_configs(args.sweeps, args.codecs)
     unique = sorted(
         {c for cs in sweeps.values() for c in cs},
@@ -1151,7 +1082,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows[cfg] = measure_config(ctx, cfg)
         finally:
             monitor.close()
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    machine["load_average_end"] = load_average()
     config = {k: getattr(args, k) for k in BUDGETS} | {
         "sweeps": args.sweeps,
         "codecs": args.codecs,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -49,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _common import dist_versions, load_average, machine_base  # noqa: E402
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory  # noqa: E402
@@ -213,41 +213,22 @@ def summarise(name: str, rows: int, times: list[float], **extra: Any) -> dict[st
 
 # -- machine --------------------------------------------------------------------------------
 def machine_info() -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    ram_gib = 0.0
-    with contextlib.suppress(OSError), open("/proc/meminfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                ram_gib = int(line.split()[1]) / (1 << 20)
-                break
     java = "unknown"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
         java = (out.stderr or out.stdout).splitlines()[0].strip()
-    versions = {}
-    for dist in ("pyspark", "pyarrow", "thriftpy2"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[dist] = importlib.metadata.version(dist)
     commit = "unknown"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, timeout=10
         ).stdout.strip()
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "cores_usable": len(os.sched_getaffinity(0)),
-        "ram_gib": round(ram_gib, 1),
+        **machine_base(),
         "python": platform.python_version(),
         "java": java,
         "os": platform.platform(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
-        "versions": versions,
+        "load_average_start": load_average(),
+        "versions": dist_versions(("pyspark", "pyarrow", "thriftpy2")),
         "git_commit": commit,
     }
 
