@@ -1,6 +1,7 @@
 """The Thrift server: framed transport, binary protocol, one thread per connection.
 
-Why this shape (measured on our 2-core machine, see docs in README "Broker"):
+Why this shape (measured on our 2-core machine with perf/bench_server_models.py; figures
+in README, "Server model"):
 thriftpy2's Cython binary protocol is several times faster than its asyncio server's
 pure-Python protocol, so calls are decoded with ``TCyBinaryProtocol``; one thread per
 connection keeps a slow or long-polling consumer from stalling anybody (a waiting
