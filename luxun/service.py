@@ -150,6 +150,12 @@ class QueueHandler:
             result = InternalError("ProduceRequest needs both item and topic").to_result()
         else:
             result, _ = self._append(name, good, "asyncProduce")
+            if result.errorCode == E.MESSAGE_SIZE_TOO_LARGE and len(good) > 1:
+                # Some item is larger than this topic's data page (a topic made with
+                # smaller pages): the batch was refused whole, so judge each alone.
+                for item in good:
+                    self.async_produce_many(name, [item])
+                return
         if result.errorCode is not None:
             self._warn_async(f"asyncProduce of {len(good)} item(s) to topic {name!r} failed: {result.errorMessage}")
         n = len(good)

@@ -133,3 +133,28 @@ def test_many_async_frames_in_flight_all_arrive(small_broker: Any) -> None:
         got += client.consume(T.ConsumeRequest(topic="many", startIndex=len(got), maxFetchSize=1 << 20)).itemList
     assert got == [b"%06d" % i for i in range(20_000)] + [b"end"]
     client.close()
+
+
+def test_an_item_bigger_than_the_data_page_fails_alone(broker_factory: Any, tmp_path: Path) -> None:
+    """max.message.size above the page size: the batch is refused by the storage, so
+    its items are judged one by one and only the oversized one is lost."""
+    config = tmp_path / "pages.properties"
+    config.write_text("log.backfile.page.size=4096\nmax.message.size=100000\n")
+    broker = broker_factory("--config", str(config), metrics=True)
+    frames = [call_frame("asyncProduce", "p", b"s1"), call_frame("asyncProduce", "p", b"B" * 5000)]
+    frames += [call_frame("asyncProduce", "p", b"s2"), call_frame("produce", "p", b"s3", seqid=4)]
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
+        sock.sendall(b"".join(frames))
+        _, _, response = read_reply(sock)
+    assert response.index == 2
+    client = broker.client()
+    assert client.consume(T.ConsumeRequest(topic="p", startIndex=0, maxFetchSize=1 << 20)).itemList == [
+        b"s1",
+        b"s2",
+        b"s3",
+    ]
+    client.close()
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    assert 'luxun_request_errors_total{method="asyncProduce",code="MESSAGE_SIZE_TOO_LARGE"} 1' in text
+    assert 'luxun_requests_total{method="asyncProduce"} 3' in text
