@@ -42,7 +42,8 @@ from .wire import encode_consume_reply, encode_consume_reply_parts, parse_produc
 
 log = logging.getLogger(__name__)
 
-_INITIAL_BUFFER = 64 * 1024
+_INITIAL_BUFFER = 4 * 1024
+_READ_BUFFER = 64 * 1024
 _THREAD_STACK_BYTES = 512 * 1024
 _MAX_DEPTH = 32
 # A batch of received asyncProduce calls is appended at this size at the latest.
@@ -259,7 +260,7 @@ class ThriftServer:
                 sock.close()
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
-        buf = bytearray(_INITIAL_BUFFER)
+        buf = bytearray(_INITIAL_BUFFER)  # grows to _READ_BUFFER when reads fill it
         start = end = 0
         max_frame = self.max_frame_bytes
         handler = self._handler
@@ -317,7 +318,13 @@ class ThriftServer:
             if start == end:
                 start = end = 0
                 if len(buf) > 1 << 20:  # give back what one big frame needed
-                    buf = bytearray(_INITIAL_BUFFER)
+                    buf = bytearray(_READ_BUFFER)
+            elif end == len(buf):
+                # The buffer ends inside a frame header: move what is left to the front
+                # (a recv into no room would read as end of stream).
+                buf[: end - start] = buf[start:end]
+                end -= start
+                start = 0
             if self._stopping.is_set():
                 return
             with memoryview(buf) as view:
@@ -325,6 +332,10 @@ class ThriftServer:
             if n == 0:
                 return
             end += n
+            if end == len(buf) and len(buf) < _READ_BUFFER:
+                # A busy connection (e.g. a stream of asyncProduce): read in bigger
+                # chunks. Quiet ones (a waiting consumer) keep the small buffer.
+                buf.extend(bytes(_READ_BUFFER - len(buf)))
 
     def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
         try:

@@ -4,6 +4,7 @@ order they were sent; anything not in the canonical layout takes the generic pat
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import urllib.request
@@ -17,6 +18,10 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from idl import QueueService
 from idl import luxun_thrift as T
+from luxun.metrics import Metrics
+from luxun.server import ThriftServer
+from luxun.service import QueueHandler
+from luxun.topics import TopicManager
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,3 +163,50 @@ def test_an_item_bigger_than_the_data_page_fails_alone(broker_factory: Any, tmp_
         text = page.read().decode()
     assert 'luxun_request_errors_total{method="asyncProduce",code="MESSAGE_SIZE_TOO_LARGE"} 1' in text
     assert 'luxun_requests_total{method="asyncProduce"} 3' in text
+
+
+class StreamSocket:
+    """The receiving end of a stream for ThriftServer._read_frames: each recv_into
+    fills the buffer it is given completely (or up to ``chunk`` bytes), so frame and
+    header boundaries fall at every possible place relative to the server's buffer."""
+
+    def __init__(self, data: bytes, chunk: int | None = None) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+        self.chunk = chunk
+        self.sent: list[bytes] = []
+
+    def recv_into(self, view: memoryview) -> int:
+        n = min(len(view), len(self.data) - self.pos, self.chunk or len(view))
+        view[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+    def sendall(self, data: bytes) -> None:
+        self.sent.append(bytes(data))
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3, 4093])
+def test_frames_split_anywhere_by_reads_are_all_handled(tmp_path: Path, chunk: int | None) -> None:
+    """Full-buffer reads that end inside a frame header, or a few bytes at a time:
+    every frame is handled, in order (in process, with real storage)."""
+    rng = random.Random(chunk or 7)
+    items = [bytes([i % 251]) * rng.randrange(0, 300) for i in range(3000)]
+    stream = b"".join(call_frame("asyncProduce", "s", item) for item in items)
+    stream += call_frame("produce", "s", b"last", seqid=9)
+    metrics = Metrics()
+    topics = TopicManager(tmp_path / "data", data_page_size_bytes=1 << 20)
+    try:
+        handler = QueueHandler(
+            topics, broker_id=0, max_message_size_bytes=1 << 20, flush_count=0,
+            password_check=lambda _: False, metrics=metrics,
+        )  # fmt: skip
+        server = ThriftServer(QueueService, handler, "127.0.0.1", 0, max_frame_bytes=2 << 20, metrics=metrics)
+        sock = StreamSocket(stream, chunk)
+        server._read_frames(sock, "test")  # type: ignore[arg-type]
+        assert sock.pos == len(stream), "the server stopped reading before the end of the stream"
+        queue = topics.get("s").queue  # type: ignore[union-attr]
+        assert queue.read_range(0, max_items=len(items) + 1) == [*items, b"last"]
+        assert len(sock.sent) == 1 and metrics.bad_frames == 0
+    finally:
+        topics.close()
