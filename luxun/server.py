@@ -173,6 +173,8 @@ class ThriftServer:
         # ``consume_for_wire`` (QueueService and QueueHandler do).
         self._consume_args: Any = getattr(service, "consume_args", None)
         self._consume_for_wire: Any = getattr(handler, "consume_for_wire", None) if self._consume_args else None
+        # The produce fast path, when the handler has the batch-aware entry points.
+        self._fast_produce = hasattr(handler, "produce_item") and hasattr(handler, "async_produce_many")
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
         self.metrics = metrics or Metrics()
@@ -264,6 +266,7 @@ class ThriftServer:
         start = end = 0
         max_frame = self.max_frame_bytes
         handler = self._handler
+        fast_produce = self._fast_produce
         while True:
             # Handle every complete frame in the buffer. Consecutive asyncProduce calls
             # to one topic are appended together (one enqueue_many); the batch is
@@ -287,7 +290,7 @@ class ThriftServer:
                         if 4 + size > len(buf):
                             buf.extend(bytes(4 + size - len(buf)))
                     break
-                call = parse_produce_call(buf, start + 4, start + 4 + size)
+                call = parse_produce_call(buf, start + 4, start + 4 + size) if fast_produce else None
                 if call is not None and call[0]:  # asyncProduce
                     _, _, item, topic = call
                     start += 4 + size
