@@ -135,3 +135,38 @@ def test_a_slow_client_sending_half_a_frame_does_not_block_others(broker: Any, c
         for i in range(50):
             assert client.produce(T.ProduceRequest(item=b"%d" % i, topic="free")).index == i
         assert time.monotonic() - t0 < 5
+
+
+def read_consume_reply(reply: bytes) -> Any:
+    (size,) = struct.unpack(">i", reply[:4])
+    assert size == len(reply) - 4, "exactly one whole reply frame"
+    proto = TCyBinaryProtocol(TCyMemoryBuffer(reply[4:]))
+    name, _, _ = proto.read_message_begin()
+    assert name == "consume"
+    result = QueueService.consume_result()
+    result.read(proto)
+    return result.success
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x00",  # no ConsumeRequest at all
+        b"\x0c\x00\x01\x00\x00",  # an empty ConsumeRequest: no topic
+        b"\x0c\x00\x01\x08\x00\x01\x00\x00\x00\x07\x00\x00",  # topic sent as an i32
+        b"\x0c\x00\x01\x0b\x00\x01\x00\x00\x00\x01t\x08\x00\x04\xff\xff\xff\xff\x02\x00\x06\x01\x00\x00",  # fetch -1
+    ],
+    ids=["no request", "no topic", "topic of the wrong type", "negative fetch with timestamps"],
+)
+def test_odd_consume_requests_get_an_answer(broker: Any, client: Any, body: bytes) -> None:
+    """Well-formed frames with missing or mistyped consume fields: an error reply (or,
+    for a negative maxFetchSize, one item), and the broker keeps serving."""
+    client.produce(T.ProduceRequest(item=b"x", topic="t"))
+    response = read_consume_reply(send_raw(broker.port, framed(message(b"consume", body))))
+    if body.endswith(b"\x02\x00\x06\x01\x00\x00"):
+        assert (response.result.resultCode, response.itemList, response.timestampList[0] > 0) == (0, [b"x"], True)
+    else:
+        assert response.result.resultCode == T.ResultCode.FAILURE
+        assert response.result.errorCode in (T.ErrorCode.INTERNAL_ERROR, T.ErrorCode.INVALID_TOPIC)
+    assert client.consume(T.ConsumeRequest(topic="t", startIndex=0, maxFetchSize=100)).itemList == [b"x"]
+    assert broker.proc.poll() is None
