@@ -7,7 +7,10 @@ lets in-flight calls finish, wakes waiting consumers, flushes and closes every t
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
+import os
 import signal
 import threading
 from types import FrameType
@@ -27,6 +30,36 @@ log = logging.getLogger(__name__)
 #: over the limit still get a MESSAGE_SIZE_TOO_LARGE answer; far bigger frames close
 #: the connection.
 FRAME_OVERHEAD_BYTES = 1 << 20
+
+
+#: glibc malloc settings for a broker process (see :func:`tune_allocator`).
+MMAP_THRESHOLD_BYTES = 16 << 20
+TRIM_THRESHOLD_BYTES = 16 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers (malloc.h)
+_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+
+
+def tune_allocator() -> bool:
+    """Let glibc reuse freed memory for the broker's per-call buffers; True if done.
+
+    A 1 MiB fetch builds buffers of about 1 MiB (the items read from a page, the framed
+    reply). glibc's default serves those with fresh ``mmap`` mappings and hands them
+    back on ``free``, so every call page-faults its buffers in again. Measured with
+    perf/bench_broker.py (1 MiB fetches of 100 B items): one client 2.5 M -> 4.1 M
+    items/s, four clients 4.3 M -> 9.0 M, broker CPU per item halved. The cost: each
+    malloc arena may keep up to 16 MiB freed at its top. Skipped when the process's environment sets malloc parameters itself, and on
+    a C library without ``mallopt``.
+    """
+    if any(name in os.environ for name in _MALLOC_ENV):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    )
 
 
 class Broker:

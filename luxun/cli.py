@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .broker import Broker
+    from .broker import Broker, tune_allocator
     from .config import BrokerConfig, ConfigError, load_properties
     from .topics import DataDirLockedError
 
@@ -92,6 +92,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         props = load_properties(args.config) if args.config else {}
         config = BrokerConfig.from_properties(props, overrides=overrides)
+        if not tune_allocator():
+            logging.getLogger(__name__).info("malloc thresholds left as they are (set by the environment, or no glibc)")
         broker = Broker(config)
     except (ConfigError, DataDirLockedError, OSError) as exc:
         print(f"luxun: {exc}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -113,3 +114,15 @@ def test_time_and_size_retention_and_flush(tmp_path: Path) -> None:
         assert big.queue.get(big.queue.tail) == b"y" * 100
     finally:
         topics.close()
+
+
+def test_tune_allocator_applies_unless_the_environment_decides() -> None:
+    """`luxun serve` keeps freed buffers for reuse (glibc mallopt) but leaves malloc alone
+    when the environment sets it."""
+    code = "from luxun.broker import tune_allocator; print(tune_allocator())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.stdout.strip() == "True", done.stderr
+    env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.stdout.strip() == "False", done.stderr
