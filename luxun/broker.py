@@ -47,8 +47,8 @@ def tune_allocator() -> bool:
     back on ``free``, so every call page-faults its buffers in again. Measured with
     perf/bench_broker.py (1 MiB fetches of 100 B items): one client 2.5 M -> 4.1 M
     items/s, four clients 4.3 M -> 9.0 M, broker CPU per item halved. The cost: each
-    malloc arena may keep up to 16 MiB freed at its top. Skipped when the process's environment sets malloc parameters itself, and on
-    a C library without ``mallopt``.
+    malloc arena may keep up to 16 MiB freed at its top. Skipped when the process's
+    environment sets malloc parameters itself, and on a C library without ``mallopt``.
     """
     if any(name in os.environ for name in _MALLOC_ENV):
         return False
