@@ -42,7 +42,10 @@ Read options (names follow Spark's Kafka source where they fit):
     (default: one per non-empty range).
 ``failOnDataLoss``
     ``true`` (default): fail when a range starts below the oldest retained index
-    (retention removed it) or items vanished; ``false``: skip what is gone.
+    (retention removed it) or items vanished; ``false``: skip what is gone. As with
+    Spark's Kafka source, a topic that was deleted and recreated is noticed only when
+    its head is below the next index to read: recreated and grown past that index
+    between two micro-batches, it goes unnoticed and is read from that index.
 ``decode``
     ``messages`` (default): one row per message of each pack; ``raw``: one row per
     queue item (the pack bytes as stored), ``position`` 0.
