@@ -145,6 +145,34 @@ def _check_count(count: int, left: int) -> None:
         raise BadFrame(f"container of {count} elements announced with {left} bytes left in the frame")
 
 
+class AsyncProduceBatch:
+    """Consecutive asyncProduce calls to one topic, handed to the handler's
+    ``async_produce_many`` together (one ``enqueue_many``). The caller flushes before
+    any other call, so calls still take effect in the order they were sent; a batch
+    also goes at ``_MAX_BATCH_ITEMS`` items or ``_MAX_BATCH_BYTES`` bytes."""
+
+    __slots__ = ("handler", "items", "nbytes", "topic")
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+        self.topic: str | None = None
+        self.items: list[bytes | None] = []
+        self.nbytes = 0
+
+    def add(self, topic: str, item: bytes) -> None:
+        full = len(self.items) >= _MAX_BATCH_ITEMS or self.nbytes >= _MAX_BATCH_BYTES
+        if self.items and (full or topic != self.topic):
+            self.flush()
+        self.topic = topic
+        self.items.append(item)
+        self.nbytes += len(item)
+
+    def flush(self) -> None:
+        if self.items:
+            items, self.items, self.nbytes = self.items, [], 0
+            self.handler.async_produce_many(self.topic, items)
+
+
 class ThriftServer:
     """Serves a thriftpy2 service on ``host:port`` (``port=0`` picks a free one).
 
@@ -267,18 +295,14 @@ class ThriftServer:
         max_frame = self.max_frame_bytes
         handler = self._handler
         fast_produce = self._fast_produce
+        batch = AsyncProduceBatch(handler)
         while True:
             # Handle every complete frame in the buffer. Consecutive asyncProduce calls
-            # to one topic are appended together (one enqueue_many); the batch is
-            # flushed before any other call, so calls still take effect in order.
-            batch_topic: str | None = None
-            batch: list[bytes | None] = []
-            batch_bytes = 0
+            # to one topic are appended together (see AsyncProduceBatch).
             while end - start >= 4:
                 (size,) = _I32.unpack_from(buf, start)
                 if size <= 0 or size > max_frame:
-                    if batch:
-                        handler.async_produce_many(batch_topic, batch)
+                    batch.flush()
                     self.metrics.bad_frames += 1
                     log.warning("closing connection from %s: frame of %d bytes (limit %d)", peer, size, max_frame)
                     return
@@ -292,20 +316,10 @@ class ThriftServer:
                     break
                 call = parse_produce_call(buf, start + 4, start + 4 + size) if fast_produce else None
                 if call is not None and call[0]:  # asyncProduce
-                    _, _, item, topic = call
                     start += 4 + size
-                    if batch and (
-                        topic != batch_topic or len(batch) >= _MAX_BATCH_ITEMS or batch_bytes >= _MAX_BATCH_BYTES
-                    ):
-                        handler.async_produce_many(batch_topic, batch)
-                        batch, batch_bytes = [], 0
-                    batch_topic = topic
-                    batch.append(item)
-                    batch_bytes += len(item)
+                    batch.add(call[3], call[2])
                     continue
-                if batch:
-                    handler.async_produce_many(batch_topic, batch)
-                    batch, batch_bytes = [], 0
+                batch.flush()
                 if call is not None:  # produce: decoded and answered by hand
                     _, seqid, item, topic = call
                     start += 4 + size
@@ -316,8 +330,7 @@ class ThriftServer:
                 start += 4 + size
                 if not self._handle(sock, peer, frame):
                     return
-            if batch:
-                handler.async_produce_many(batch_topic, batch)
+            batch.flush()
             if start == end:
                 start = end = 0
                 if len(buf) > 1 << 20:  # give back what one big frame needed

@@ -21,9 +21,10 @@ process prints it):
                        ``ThriftServer._handle`` itself (frame check, ``TCyBinaryProtocol``
                        and ``TProcessor.process_in``, the hand-encoded consume path),
                        writing to the transport; produce frames take
-                       ``ThriftServer._read_frames``'s hand-written path when it has one
-                       (``PRODUCE_FAST_PATH``). So it and ``threads`` run the same
-                       per-call code and differ only in the server model
+                       ``ThriftServer._read_frames``'s hand-written path (the same
+                       parser, reply encoder and ``AsyncProduceBatch``). So it and
+                       ``threads`` run the same per-call code and differ only in the
+                       server model
 ``asyncio-thriftpy2``  thriftpy2's own asyncio server (``thriftpy2.contrib.aio``:
                        ``TAsyncServer``, framed transport, its pure-Python async binary
                        protocol) with an async adaptor around the handler
@@ -83,35 +84,18 @@ from thriftpy2.thrift import TClient, TMessageType  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket  # noqa: E402
 from thriftpy2.transport.memory import TCyMemoryBuffer  # noqa: E402
 
-import luxun.server  # noqa: E402
 import luxun.wire  # noqa: E402
 from idl import QueueService  # noqa: E402
 from idl import luxun_thrift as T  # noqa: E402
 from luxun.broker import FRAME_OVERHEAD_BYTES  # noqa: E402
 from luxun.config import DEFAULT_DATA_PAGE_SIZE_BYTES, DEFAULT_FLUSH_COUNT, DEFAULT_MAX_MESSAGE_SIZE_BYTES  # noqa: E402
 from luxun.metrics import Metrics  # noqa: E402
-from luxun.server import ThriftServer  # noqa: E402
+from luxun.server import AsyncProduceBatch, ThriftServer  # noqa: E402
 from luxun.service import MAX_WAIT_MS, QueueHandler  # noqa: E402
 from luxun.topics import TopicManager  # noqa: E402
-from luxun.wire import encode_consume_reply  # noqa: E402
+from luxun.wire import encode_consume_reply, parse_produce_call, produce_reply_frame  # noqa: E402
 
 log = logging.getLogger("bench_server_models")
-
-#: ``ThriftServer._read_frames``'s hand-written produce path, (parse_produce_call,
-#: produce_reply_frame) as luxun.server has them, when the luxun of this work tree has one:
-#: asyncio-cy then takes it too, so that it and ``threads`` treat every call alike and
-#: differ only in the server model. None: produce calls take ``ThriftServer._handle``.
-PRODUCE_FAST_PATH: tuple[Callable[..., Any], Callable[..., bytes]] | None = (
-    (luxun.server.parse_produce_call, luxun.server.produce_reply_frame)  # type: ignore[attr-defined]
-    if hasattr(luxun.server, "parse_produce_call")
-    and hasattr(luxun.server, "produce_reply_frame")
-    and hasattr(QueueHandler, "produce_item")
-    and hasattr(QueueHandler, "async_produce_many")
-    else None
-)
-#: Largest batch of received asyncProduce items appended at once on the fast path (as ThriftServer).
-BATCH_MAX_ITEMS: int = getattr(luxun.server, "_MAX_BATCH_ITEMS", 4096)
-BATCH_MAX_BYTES: int = getattr(luxun.server, "_MAX_BATCH_BYTES", 8 << 20)
 
 MIB = 1 << 20
 SUCCESS = T.ResultCode.SUCCESS
@@ -381,42 +365,29 @@ class CyConnection(asyncio.Protocol):
         buf = self.buf
         pos = 0
         end = len(buf)
-        fast = PRODUCE_FAST_PATH
         # As ThriftServer._read_frames: consecutive asyncProduce calls to one topic are
         # appended together, flushed before any other call.
-        batch_topic = ""
-        batch: list[bytes] = []
-        batch_bytes = 0
+        batch = AsyncProduceBatch(handler)
         while end - pos >= 4:
             size = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
             if size <= 0 or size > self.max_frame:
-                if batch:
-                    handler.async_produce_many(batch_topic, batch)
+                batch.flush()
                 log.warning("closing a connection: frame of %d bytes (limit %d)", size, self.max_frame)
                 transport.close()
                 return
             if end - pos - 4 < size:
                 break
-            call = fast[0](buf, pos + 4, pos + 4 + size) if fast is not None else None
+            call = parse_produce_call(buf, pos + 4, pos + 4 + size)
             if call is not None and call[0]:  # asyncProduce
-                _, _, item, topic = call
                 pos += 4 + size
-                if batch and (topic != batch_topic or len(batch) >= BATCH_MAX_ITEMS or batch_bytes >= BATCH_MAX_BYTES):
-                    handler.async_produce_many(batch_topic, batch)
-                    batch, batch_bytes = [], 0
-                batch_topic = topic
-                batch.append(item)
-                batch_bytes += len(item)
+                batch.add(call[3], call[2])
                 continue
-            if batch:
-                handler.async_produce_many(batch_topic, batch)
-                batch, batch_bytes = [], 0
+            batch.flush()
             if call is not None:  # produce: decoded and answered by hand
-                assert fast is not None
                 _, seqid, item, topic = call
                 pos += 4 + size
                 result, index = handler.produce_item(topic, item)
-                transport.write(fast[1](seqid, result, index))
+                transport.write(produce_reply_frame(seqid, result, index))
                 continue
             frame = bytes(buf[pos + 4 : pos + 4 + size])
             pos += 4 + size
@@ -431,8 +402,7 @@ class CyConnection(asyncio.Protocol):
             if not ok:
                 transport.close()
                 return
-        if batch:
-            handler.async_produce_many(batch_topic, batch)
+        batch.flush()
         if pos:
             del buf[:pos]
 
@@ -1222,9 +1192,8 @@ def render(machine: dict[str, Any], args: argparse.Namespace, rows: dict[tuple[s
         + ")",
         f"load average (1, 5, 15 min) at start {machine['load_average_start']}, at end {machine['load_average_end']}",
         f"data dir {machine['data_dir']} ({machine['data_dir_filesystem']}); placement: {args.placement}",
-        "calls: threads, processes and asyncio-cy run ThriftServer's per-frame code ("
-        + ("with" if PRODUCE_FAST_PATH else "without")
-        + " its hand-written produce path); asyncio-thriftpy2 decodes every call with its pure-Python protocol",
+        "calls: threads, processes and asyncio-cy run ThriftServer's per-frame code (with its hand-written "
+        "produce path); asyncio-thriftpy2 decodes every call with its pure-Python protocol",
         f"each cell: median of {args.repeat} run(s), +-spread = (max - min) / median; a run stops at its item "
         f"count or after {args.seconds:g} s",
         "broker CPU: the median run's CPU seconds (all broker processes, all threads) and the median CPU "
@@ -1398,7 +1367,6 @@ def main(argv: list[str] | None = None) -> int:
         args.data_dir,
         thriftpy2=importlib.metadata.version("thriftpy2"),
         luxun_sources=source_digests(),
-        produce_fast_path=PRODUCE_FAST_PATH is not None,
     )
     root = Path(tempfile.mkdtemp(prefix="bench_server_models-", dir=args.data_dir))
     runs: dict[tuple[str, str, int], list[Run]] = {}
