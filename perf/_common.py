@@ -6,6 +6,8 @@ function reads ``/proc`` or runs ``git`` once and never raises (unknown facts co
 as ``"unknown"``, 0 or an empty dict).
 
 Thread-safety: every function may be called from any thread or process.
+:func:`collect_reports` is the exception to "never raises": it is how a benchmark
+learns that one of its processes failed.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import contextlib
 import importlib.metadata
 import os
 import platform
+import queue
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
@@ -129,3 +133,42 @@ def fmt_rate(x: float) -> str:
         if x >= limit:
             return f"{x / limit:.2f} {unit}" if x < 10 * limit else f"{x / limit:.1f} {unit}"
     return f"{x:.0f}"
+
+
+def collect_reports(procs: list[Any], results: Any, timeout_s: float, what: str = "benchmark") -> list[dict[str, Any]]:
+    """One report (a dict) from each of the started processes ``procs``, taken from the
+    multiprocessing queue ``results`` in arrival order, then every process joined (one
+    still alive 10 s later is killed).
+
+    Raises:
+        RuntimeError: no report within ``timeout_s``; a process died without reporting;
+            a report carries an ``"error"`` (its traceback).
+    """
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < len(procs):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"{what} processes did not report within {timeout_s:.0f} s")
+            try:
+                out.append(results.get(timeout=min(remaining, 1.0)))
+                continue
+            except queue.Empty:
+                pass
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                try:  # a report may still be in the pipe
+                    out.append(results.get(timeout=2.0))
+                except queue.Empty:
+                    raise RuntimeError(f"{what} process(es) died: exit codes {dead}") from None
+    finally:
+        for p in procs:
+            p.join(10.0)
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+    errors = [r["error"] for r in out if "error" in r]
+    if errors:
+        raise RuntimeError(f"a {what} process failed:\n" + "\n".join(errors))
+    return out

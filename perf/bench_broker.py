@@ -68,7 +68,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _common import fmt_rate, load_average, machine_info  # noqa: E402
+from _common import collect_reports, fmt_rate, load_average, machine_info  # noqa: E402
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
 from thriftpy2.thrift import TClient  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket  # noqa: E402
@@ -447,27 +447,7 @@ def run_clients(specs: list[dict[str, Any]], timeout_s: float) -> list[dict[str,
     procs = [ctx.Process(target=client_main, args=(s, i, barrier, results), daemon=True) for i, s in enumerate(specs)]
     for p in procs:
         p.start()
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(out) < len(procs):
-            try:
-                out.append(results.get(timeout=1.0))
-            except Exception:  # queue.Empty
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"clients did not report within {timeout_s:.0f} s") from None
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead and results.empty():
-                    raise RuntimeError(f"client process(es) died: exit codes {[p.exitcode for p in dead]}") from None
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    errors = [r["error"] for r in out if "error" in r]
-    if errors:
-        raise RuntimeError("a client failed:\n" + errors[0])
+    out = collect_reports(procs, results, timeout_s, "client")
     return sorted(out, key=lambda r: r["worker"])
 
 

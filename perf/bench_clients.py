@@ -75,7 +75,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _common import dist_versions, fmt_rate, load_average, machine_info  # noqa: E402
+from _common import collect_reports, dist_versions, fmt_rate, load_average, machine_info  # noqa: E402
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory  # noqa: E402
@@ -584,32 +584,7 @@ def run_children(targets: list[tuple[Any, dict[str, Any]]], shared: dict[str, An
     procs = [ctx.Process(target=fn, args=(spec, shared, results), daemon=True) for fn, spec in targets]
     for p in procs:
         p.start()
-    out: list[dict] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(out) < len(procs):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RuntimeError(f"a benchmark process did not report within {timeout_s:.0f} s")
-            with contextlib.suppress(Exception):
-                out.append(results.get(timeout=min(remaining, 1.0)))
-                continue
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead and len(out) < len(procs):
-                with contextlib.suppress(Exception):  # a result may still be in the pipe
-                    out.append(results.get(timeout=2.0))
-                    continue
-                raise RuntimeError(f"a benchmark process died with exit code {dead[0].exitcode}")
-    finally:
-        for p in procs:
-            p.join(10.0)
-            if p.is_alive():
-                p.terminate()
-                p.join(5.0)
-    errors = [r["error"] for r in out if "error" in r]
-    if errors:
-        raise RuntimeError("a benchmark process failed:\n" + "\n".join(errors))
-    return out
+    return collect_reports(procs, results, timeout_s)
 
 
 def new_shared(with_barrier: bool) -> dict[str, Any]:

@@ -72,7 +72,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _common import fmt_rate, load_average, machine_info  # noqa: E402
+from _common import collect_reports, fmt_rate, load_average, machine_info  # noqa: E402
 from thriftpy2.contrib.aio.processor import TAsyncProcessor  # noqa: E402
 from thriftpy2.contrib.aio.protocol import TAsyncBinaryProtocolFactory  # noqa: E402
 from thriftpy2.contrib.aio.server import TAsyncServer  # noqa: E402
@@ -935,7 +935,6 @@ class Bench:
         ]
         for p in procs:
             p.start()
-        out: list[dict[str, Any]] = []
         timeout_s = BARRIER_TIMEOUT_S + self.args.warmup_seconds + self.args.seconds + 60
         try:
             barrier.wait(BARRIER_TIMEOUT_S)
@@ -943,26 +942,7 @@ class Bench:
             t0 = time.perf_counter()
         except Exception:
             cpu0 = t0 = 0.0  # a client failed before the barrier: its report says why
-        deadline = time.monotonic() + timeout_s
-        try:
-            while len(out) < len(procs):
-                try:
-                    out.append(results.get(timeout=1.0))
-                except Exception:  # queue.Empty
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"clients did not report within {timeout_s:.0f} s") from None
-                    dead = [p for p in procs if p.exitcode not in (None, 0)]
-                    if dead and results.empty():
-                        raise RuntimeError(f"client(s) died: exit codes {[p.exitcode for p in dead]}") from None
-        finally:
-            for p in procs:
-                p.join(10)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-        errors = [r["error"] for r in out if "error" in r]
-        if errors:
-            raise RuntimeError("a client failed:\n" + errors[0])
+        out = collect_reports(procs, results, timeout_s, "client")
         return sorted(out, key=lambda r: r["worker"]), cpu0, t0
 
     def spec(self, dep: Deployment, i: int, clients: int, workload: str, topic: str, count: int) -> dict[str, Any]:
