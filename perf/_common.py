@@ -1,13 +1,14 @@
 """What the perf/ benchmarks share: the machine they ran on, the git commit, number formats.
 
 The benchmarks are run as ``python perf/bench_x.py``, so this folder is ``sys.path[0]``
-and they import from here with ``from _common import ...``. Nothing here is timed; every
-function reads ``/proc`` or runs ``git`` once and never raises (unknown facts come back
-as ``"unknown"``, 0 or an empty dict).
+and they import from here with ``from _common import ...``. Nothing here is timed. The
+machine-info functions read ``/proc`` or run ``git`` once and never raise (unknown facts
+come back as ``"unknown"``, 0 or an empty dict); :func:`own_broker` starts a broker
+subprocess for a benchmark.
 
 Thread-safety: every function may be called from any thread or process.
-:func:`collect_reports` is the exception to "never raises": it is how a benchmark
-learns that one of its processes failed.
+:func:`collect_reports` and :func:`own_broker` raise: that is how a benchmark learns
+that one of its processes failed.
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ import importlib.metadata
 import os
 import platform
 import queue
+import re
+import secrets
+import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -172,3 +179,92 @@ def collect_reports(procs: list[Any], results: Any, timeout_s: float, what: str 
     if errors:
         raise RuntimeError(f"a {what} process failed:\n" + "\n".join(errors))
     return out
+
+
+# -- a broker for the benchmarks ----------------------------------------------------------
+BROKER_START_TIMEOUT_S = 60.0
+BROKER_STOP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class BrokerInfo:
+    """A broker a benchmark talks to (``pid`` None: not started by it)."""
+
+    host: str
+    port: int
+    pid: int | None
+    password: str | None
+    command: list[str]
+    log_path: str | None
+    exit_code: int | None = None
+    stop_seconds: float | None = None
+
+
+_SERVING = re.compile(r"serving \d+ topics from .* on (\S+):(\d+) \(")
+
+
+@contextlib.contextmanager
+def own_broker(data_parent: Path | None, name: str, broker_cpus: list[int] | None = None) -> Iterator[BrokerInfo]:
+    """Start ``python -m luxun.cli serve`` on 127.0.0.1 (a free port) with a temporary data
+    dir and a random deleteTopic password, pinned to ``broker_cpus`` if given; wait for its
+    "serving" log line; at the end SIGTERM it and remove the data dir. ``name`` (the
+    benchmark's) prefixes the data dir and the progress lines on stderr."""
+    if data_parent is not None:
+        data_parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=data_parent))
+    data_dir = root / "data"
+    log_path = root / "broker.log"
+    password = secrets.token_hex(8)
+    command = [
+        sys.executable, "-m", "luxun.cli", "serve",
+        "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+        "--password", f"plain:{password}", "--log-level", "INFO",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def pin() -> None:
+        if broker_cpus:
+            os.sched_setaffinity(0, broker_cpus)
+
+    info: BrokerInfo | None = None
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, preexec_fn=pin
+        )
+    try:
+        deadline = time.monotonic() + BROKER_START_TIMEOUT_S
+        while True:
+            text = log_path.read_text(encoding="utf-8", errors="replace")
+            m = _SERVING.search(text)
+            if m:
+                info = BrokerInfo(m.group(1), int(m.group(2)), proc.pid, password, command, str(log_path))
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the broker did not start (exit code {proc.poll()}); its log:\n{text[-3000:]}")
+            time.sleep(0.05)
+        print(f"{name}: broker pid {proc.pid} on {info.host}:{info.port}, data in {data_dir}", file=sys.stderr)
+        yield info
+    finally:
+        t = time.perf_counter()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(BROKER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                print(f"{name}: the broker did not stop after SIGTERM; killing it", file=sys.stderr)
+                proc.kill()
+                proc.wait()
+        if info is not None:
+            info.exit_code = proc.returncode
+            info.stop_seconds = round(time.perf_counter() - t, 2)
+        if proc.returncode not in (0, None):
+            text = log_path.read_text(encoding="utf-8", errors="replace")
+            print(f"{name}: broker exit code {proc.returncode}; log tail:\n{text[-2000:]}", file=sys.stderr)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def external_broker(address: str, password: str | None) -> Iterator[BrokerInfo]:
+    """A running broker at ``host:port`` (``--broker``), left running."""
+    host, _, port = address.rpartition(":")
+    yield BrokerInfo(host or "127.0.0.1", int(port), None, password, [], None)

@@ -49,18 +49,13 @@ import importlib.metadata
 import json
 import multiprocessing as mp
 import os
-import re
 import secrets
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,7 +63,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _common import collect_reports, fmt_rate, load_average, machine_info  # noqa: E402
+from _common import BrokerInfo, collect_reports, external_broker, fmt_rate, load_average, machine_info, own_broker  # noqa: E402
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
 from thriftpy2.thrift import TClient  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket  # noqa: E402
@@ -97,8 +92,6 @@ MAX_PRECREATED_GROUPS = 200
 #: Seconds a client may take to connect and warm up before the barrier gives up.
 BARRIER_TIMEOUT_S = 120.0
 #: Seconds allowed for the broker to start and to stop.
-BROKER_START_TIMEOUT_S = 60.0
-BROKER_STOP_TIMEOUT_S = 60.0
 
 WRITE_WORKLOADS = ("produce", "async_produce")
 CONSUME_WORKLOADS = ("group_fetch", "group_single", "index_fetch", "index_single")
@@ -700,86 +693,6 @@ def log_result(r: Result) -> None:
     )
 
 
-# -- the broker -----------------------------------------------------------------------------
-@dataclass
-class BrokerInfo:
-    host: str
-    port: int
-    pid: int | None
-    password: str | None
-    command: list[str]
-    log_path: str | None
-    exit_code: int | None = None
-    stop_seconds: float | None = None
-
-
-_SERVING = re.compile(r"serving \d+ topics from .* on (\S+):(\d+) \(")
-
-
-@contextlib.contextmanager
-def own_broker(data_parent: Path | None, broker_cpus: list[int] | None) -> Iterator[BrokerInfo]:
-    """Start ``python -m luxun.cli serve`` on 127.0.0.1 (a free port) with a temporary data
-    dir; wait for its "serving" log line; at the end SIGTERM it and remove the data dir."""
-    if data_parent is not None:
-        data_parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="bench_broker-", dir=data_parent))
-    data_dir = root / "data"
-    log_path = root / "broker.log"
-    password = secrets.token_hex(8)
-    command = [
-        sys.executable, "-m", "luxun.cli", "serve",
-        "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
-        "--password", f"plain:{password}", "--log-level", "INFO",
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-    def pin() -> None:
-        if broker_cpus:
-            os.sched_setaffinity(0, broker_cpus)
-
-    info: BrokerInfo | None = None
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, preexec_fn=pin
-        )
-    try:
-        deadline = time.monotonic() + BROKER_START_TIMEOUT_S
-        while True:
-            text = log_path.read_text(encoding="utf-8", errors="replace")
-            m = _SERVING.search(text)
-            if m:
-                info = BrokerInfo(m.group(1), int(m.group(2)), proc.pid, password, command, str(log_path))
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the broker did not start (exit code {proc.poll()}); its log:\n{text[-3000:]}")
-            time.sleep(0.05)
-        print(f"bench_broker: broker pid {proc.pid} on {info.host}:{info.port}, data in {data_dir}", file=sys.stderr)
-        yield info
-    finally:
-        t = time.perf_counter()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(BROKER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                print("bench_broker: the broker did not stop after SIGTERM; killing it", file=sys.stderr)
-                proc.kill()
-                proc.wait()
-        if info is not None:
-            info.exit_code = proc.returncode
-            info.stop_seconds = round(time.perf_counter() - t, 2)
-        if proc.returncode not in (0, None):
-            text = log_path.read_text(encoding="utf-8", errors="replace")
-            print(f"bench_broker: broker exit code {proc.returncode}; log tail:\n{text[-2000:]}", file=sys.stderr)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def external_broker(address: str, password: str | None) -> Iterator[BrokerInfo]:
-    host, _, port = address.rpartition(":")
-    yield BrokerInfo(host or "127.0.0.1", int(port), None, password, [], None)
-
-
 # -- report ---------------------------------------------------------------------------------
 def fmt_java(value: float, unit: str) -> str:
     if unit == "MB/s":
@@ -980,7 +893,11 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info(args.data_dir, thriftpy2=importlib.metadata.version("thriftpy2"))
     broker_cpus, client_cpus = placement_cpus(args.placement)
     results: list[Result] = []
-    broker_cm = external_broker(args.broker, args.password) if args.broker else own_broker(args.data_dir, broker_cpus)
+    broker_cm = (
+        external_broker(args.broker, args.password)
+        if args.broker
+        else own_broker(args.data_dir, "bench_broker", broker_cpus)
+    )
     with broker_cm as broker:
         monitor, _ = connect(broker.host, broker.port)
         ctx = Context(

@@ -56,17 +56,11 @@ import multiprocessing as mp
 import os
 import pstats
 import random
-import re
 import secrets
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -75,7 +69,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _common import collect_reports, dist_versions, fmt_rate, load_average, machine_info  # noqa: E402
+from _common import (  # noqa: E402
+    BrokerInfo,
+    collect_reports,
+    dist_versions,
+    external_broker,
+    fmt_rate,
+    load_average,
+    machine_info,
+    own_broker,
+)
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory  # noqa: E402
@@ -103,9 +106,7 @@ CONSUMER_POLL_MS = 50
 MAX_PASSES = 50
 #: A pack may hold at most this many message bytes: the broker refuses items over 1 MiB.
 MAX_BATCH_BYTES = 1_000_000
-#: Seconds allowed for the broker to start and to stop; for a child to connect and warm up.
-BROKER_START_TIMEOUT_S = 60.0
-BROKER_STOP_TIMEOUT_S = 60.0
+#: Seconds allowed for a child to connect and warm up.
 SETUP_TIMEOUT_S = 60.0
 
 #: name -> (full run, --quick run) for the budget options.
@@ -736,73 +737,6 @@ def log_measure(cfg: Config, m: Measure) -> None:
     )
 
 
-# -- the broker -----------------------------------------------------------------------------
-@dataclass
-class BrokerInfo:
-    host: str
-    port: int
-    pid: int | None
-    password: str | None
-    exit_code: int | None = None
-
-
-_SERVING = re.compile(r"serving \d+ topics from .* on (\S+):(\d+) \(")
-
-
-@contextlib.contextmanager
-def own_broker(data_parent: Path | None) -> Iterator[BrokerInfo]:
-    """``python -m luxun.cli serve`` on 127.0.0.1, a free port, a temporary data dir (removed
-    at the end), a random deleteTopic password; stopped with SIGTERM."""
-    if data_parent is not None:
-        data_parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="bench_clients-", dir=data_parent))
-    log_path = root / "broker.log"
-    password = secrets.token_hex(8)
-    command = [
-        sys.executable, "-m", "luxun.cli", "serve",
-        "--data-dir", str(root / "data"), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
-        "--password", f"plain:{password}", "--log-level", "INFO",
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    info: BrokerInfo | None = None
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
-    try:
-        deadline = time.monotonic() + BROKER_START_TIMEOUT_S
-        while True:
-            text = log_path.read_text(encoding="utf-8", errors="replace")
-            m = _SERVING.search(text)
-            if m:
-                info = BrokerInfo(m.group(1), int(m.group(2)), proc.pid, password)
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the broker did not start (exit code {proc.poll()}); its log:\n{text[-3000:]}")
-            time.sleep(0.05)
-        print(f"bench_clients: broker pid {proc.pid} on {info.host}:{info.port}, data in {root}", file=sys.stderr)
-        yield info
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(BROKER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                print("bench_clients: the broker did not stop after SIGTERM; killing it", file=sys.stderr)
-                proc.kill()
-                proc.wait()
-        if info is not None:
-            info.exit_code = proc.returncode
-        if proc.returncode not in (0, None):
-            text = log_path.read_text(encoding="utf-8", errors="replace")
-            print(f"bench_clients: broker exit code {proc.returncode}; log tail:\n{text[-2000:]}", file=sys.stderr)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def external_broker(address: str, password: str | None) -> Iterator[BrokerInfo]:
-    host, _, port = address.rpartition(":")
-    yield BrokerInfo(host or "127.0.0.1", int(port), None, password)
-
-
 # -- report ---------------------------------------------------------------------------------
 def fmt_size(n: int) -> str:
     return f"{n // 1000} KB" if n >= 1000 and n % 1000 == 0 else f"{n} B"
@@ -1042,7 +976,9 @@ def main(argv: list[str] | None = None) -> int:
         key=lambda c: (c.codec != "none", c.size, c.batch, list(CODECS).index(c.codec)),
     )
     rows: dict[Config, Row] = {}
-    broker_cm = external_broker(args.broker, args.password) if args.broker else own_broker(args.data_dir)
+    broker_cm = (
+        external_broker(args.broker, args.password) if args.broker else own_broker(args.data_dir, "bench_clients")
+    )
     with broker_cm as broker:
         monitor = make_client(QueueService, broker.host, broker.port, proto_factory=TCyBinaryProtocolFactory(),
                               trans_factory=TCyFramedTransportFactory(), timeout=None)  # fmt: skip
