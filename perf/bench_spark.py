@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _common import dist_versions, load_average, machine_base  # noqa: E402
+from _common import BrokerInfo, dist_versions, load_average, machine_base, own_broker  # noqa: E402
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory  # noqa: E402
@@ -66,68 +66,25 @@ def log(msg: str) -> None:
 
 
 # -- broker ---------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def connect(broker: BrokerInfo) -> Any:
+    """A thriftpy2 QueueService client of ``broker`` (framed, Cython protocol, TCP_NODELAY)."""
+    client = make_client(
+        QueueService,
+        broker.host,
+        broker.port,
+        proto_factory=TCyBinaryProtocolFactory(),
+        trans_factory=TCyFramedTransportFactory(),
+        timeout=60_000,
+    )
+    sock = getattr(getattr(client._iprot.trans, "trans", None), "sock", None)
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client
 
 
-class Broker:
-    """A luxun broker subprocess on a free loopback port."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.log_path = data_dir.parent / "broker.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Broker:
-        cmd = [
-            sys.executable, "-m", "luxun.cli", "serve", "--data-dir", str(self.data_dir), "--host", "127.0.0.1",
-            "--port", str(self.port), "--metrics-port", "0", "--log-level", "WARNING",
-        ]  # fmt: skip
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=out, cwd=ROOT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited: {self.log_path.read_text(errors='replace')}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return self
-            time.sleep(0.05)
-        raise RuntimeError("broker did not start listening within 30 s")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def client(self) -> Any:
-        client = make_client(
-            QueueService,
-            "127.0.0.1",
-            self.port,
-            proto_factory=TCyBinaryProtocolFactory(),
-            trans_factory=TCyFramedTransportFactory(),
-            timeout=60_000,
-        )
-        sock = getattr(getattr(client._iprot.trans, "trans", None), "sock", None)
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return client
-
-
-def produce(broker: Broker, topic: str, messages: int, size: int, pack: int) -> float:
+def produce(broker: BrokerInfo, topic: str, messages: int, size: int, pack: int) -> float:
     """Produce the read workload's packs; return the seconds it took."""
-    client = broker.client()
+    client = connect(broker)
     t0 = time.perf_counter()
     try:
         for start in range(0, messages, pack):
@@ -140,8 +97,8 @@ def produce(broker: Broker, topic: str, messages: int, size: int, pack: int) -> 
     return time.perf_counter() - t0
 
 
-def topic_size(broker: Broker, topic: str) -> int:
-    client = broker.client()
+def topic_size(broker: BrokerInfo, topic: str) -> int:
+    client = connect(broker)
     try:
         return int(client.getSize(T.GetSizeRequest(topic=topic)).size)
     finally:
@@ -254,15 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="luxun-bench-spark-"))
     results: list[dict[str, Any]] = []
     try:
-        with Broker(work / "data") as broker:
-            log(f"broker on {broker.address}; producing {args.messages:,} messages of {args.size} B ...")
+        with own_broker(work, "bench_spark") as broker:
+            address = f"{broker.host}:{broker.port}"
+            log(f"broker on {address}; producing {args.messages:,} messages of {args.size} B ...")
             produce_s = produce(broker, "bench-read", args.messages, args.size, args.pack)
             log(f"  produced in {produce_s:.1f} s; starting Spark local[{cores}] ...")
             spark = spark_session(work, cores)
             try:
                 base = (
                     spark.read.format("luxun")
-                    .option("luxun.servers", broker.address)
+                    .option("luxun.servers", address)
                     .option("subscribe", "bench-read")
                     .option("minPartitions", str(partitions))
                 )
@@ -290,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 def write() -> None:
                     runs[0] += 1
-                    values.write.format("luxun").mode("append").option("luxun.servers", broker.address).option(
+                    values.write.format("luxun").mode("append").option("luxun.servers", address).option(
                         "topic", f"bench-write-{runs[0]}"
                     ).option("packSize", str(args.pack)).save()
 
