@@ -34,13 +34,23 @@ import threading
 from typing import Any
 
 from thriftpy2.protocol.cybin import TCyBinaryProtocol  # type: ignore[attr-defined]
-from thriftpy2.thrift import TApplicationException, TProcessor
+from thriftpy2.thrift import TApplicationException, TProcessor, TType
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
+from .errors import LuxunError
+from .logs import RateLimitedLog
 from .metrics import Metrics
-from .wire import encode_consume_reply, encode_consume_reply_parts, parse_produce_call, produce_reply_frame
+from .wire import (
+    encode_consume_reply,
+    encode_consume_reply_parts,
+    missing_required_field,
+    parse_produce_call,
+    produce_reply_frame,
+    required_fields,
+)
 
 log = logging.getLogger(__name__)
+_rate_limited = RateLimitedLog(log)
 
 _INITIAL_BUFFER = 4 * 1024
 _READ_BUFFER = 64 * 1024
@@ -197,6 +207,13 @@ class ThriftServer:
     ) -> None:
         self._processor = TProcessor(service, handler)
         self._handler = handler
+        # Per method: args class, result class, oneway, argument names, required fields.
+        self._methods: dict[str, tuple[Any, Any, bool, tuple[str, ...], Any]] = {}
+        for api in service.thrift_services:
+            args_cls, result_cls = getattr(service, api + "_args"), getattr(service, api + "_result")
+            names = tuple(entry[1] for entry in args_cls.thrift_spec.values())
+            oneway = bool(getattr(result_cls, "oneway", False))
+            self._methods[api] = (args_cls, result_cls, oneway, names, required_fields(args_cls))
         # The consume fast path, when the service has ``consume`` and the handler
         # ``consume_for_wire`` (QueueService and QueueHandler do).
         self._consume_args: Any = getattr(service, "consume_args", None)
@@ -354,42 +371,79 @@ class ThriftServer:
                 buf.extend(bytes(_READ_BUFFER - len(buf)))
 
     def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
+        """Decode one call frame, call the handler, send its reply; False when the
+        connection must be closed (an undecodable frame).
+
+        As Java Luxun (its Thrift processor) answers: an unknown method gets a
+        TApplicationException UNKNOWN_METHOD ("Invalid method name: 'x'"), a request
+        struct with a required field unset gets PROTOCOL_ERROR (Java's text, see
+        :func:`~luxun.wire.missing_required_field`), and a handler that raises gets
+        INTERNAL_ERROR ("Internal error processing <call>"); oneway calls never get
+        a reply. The connection stays open in each case.
+        """
         try:
             check_frame(frame)
             iprot = TCyBinaryProtocol(TCyMemoryBuffer(frame), strict_read=False)
-            if self._consume_for_wire is not None and frame[4:15] == _CONSUME_NAME:
-                # The hot read path: decoded here, answered with the items the
-                # handler leaves as one blob, encoded by hand.
-                _, _, seqid = iprot.read_message_begin()
-                args = self._consume_args()
-                args.read(iprot)
-                iprot.read_message_end()
-                api, result, call = "consume", None, None
+            api, _, seqid = iprot.read_message_begin()
+            method = self._methods.get(api)
+            if method is None:
+                iprot.skip(TType.STRUCT)
             else:
-                api, seqid, result, call = self._processor.process_in(iprot)
+                args = method[0]()
+                args.read(iprot)
+            iprot.read_message_end()
         except Exception as exc:
             self.metrics.bad_frames += 1
             log.warning("closing connection from %s: undecodable request (%s)", peer, exc)
             return False
-        if result is None:
-            self._send_parts(sock, encode_consume_reply_parts(seqid, self._consume_for_wire(args.consumeRequest)))
+        if method is None:
+            unknown = TApplicationException.UNKNOWN_METHOD
+            self._send_exception(sock, api, seqid, unknown, f"Invalid method name: '{api}'")  # Java's text
             return True
-        if isinstance(result, TApplicationException) or call is None:  # e.g. an unknown method
-            oprot = TCyBinaryProtocol(TCyMemoryBuffer())
-            self._processor.send_exception(oprot, api, result, seqid)
-            out = oprot.trans.getvalue()
-        elif api == "consume":
-            out = encode_consume_reply(seqid, call())  # encoded by hand
-        else:
-            result.success = call()  # our handlers answer errors in Result, never raise
-            if result.oneway:
+        _, result_cls, oneway, names, required = method
+        values = [getattr(args, name) for name in names]
+        for name, fields in required:
+            request = getattr(args, name)
+            if request is not None and any(getattr(request, f) is None for f in fields):
+                missing = missing_required_field(args) or ""
+                self.metrics.observe(api, 0.0, 0)  # counted as INTERNAL_ERROR
+                _rate_limited.warning(f"protocol-{api}", "%s from %s refused: %s", api, peer, missing)
+                if not oneway:
+                    self._send_exception(sock, api, seqid, TApplicationException.PROTOCOL_ERROR, missing)
                 return True
+        try:
+            if api == "consume" and self._consume_for_wire is not None:
+                # The hot read path: the items come as one blob, encoded by hand.
+                self._send_parts(sock, encode_consume_reply_parts(seqid, self._consume_for_wire(*values)))
+                return True
+            value = getattr(self._handler, api)(*values)
+        except OSError:  # the connection (sending the reply): closed by _serve
+            raise
+        except Exception as exc:
+            if isinstance(exc, LuxunError):
+                _rate_limited.warning(f"failed-{api}", "%s from %s failed: %s", api, peer, exc)
+            else:
+                _rate_limited.exception(f"failed-{api}", "%s from %s failed", api, peer)
+            if not oneway:
+                self._send_exception(sock, api, seqid, TApplicationException.INTERNAL_ERROR,
+                                     f"Internal error processing {api}")  # fmt: skip
+            return True
+        if oneway:
+            return True
+        if api == "consume":
+            out = encode_consume_reply(seqid, value)  # encoded by hand
+        else:
+            result = result_cls(success=value)  # our handlers answer errors in Result, never raise
             oprot = TCyBinaryProtocol(TCyMemoryBuffer())
             self._processor.send_result(oprot, api, result, seqid)
             out = oprot.trans.getvalue()
-        if out:
-            self._send(sock, out)
+        self._send(sock, out)
         return True
+
+    def _send_exception(self, sock: socket.socket, api: str, seqid: int, kind: int, message: str) -> None:
+        oprot = TCyBinaryProtocol(TCyMemoryBuffer())
+        self._processor.send_exception(oprot, api, TApplicationException(kind, message), seqid)
+        self._send(sock, oprot.trans.getvalue())
 
     @staticmethod
     def _send_parts(sock: socket.socket, parts: list[Any]) -> None:

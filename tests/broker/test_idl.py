@@ -546,10 +546,10 @@ def test_only_all_message_consumed_is_retriable_and_try_later() -> None:
 @pytest.mark.parametrize(
     ("error", "code", "parts"),
     [
-        (errors.TopicNotExist("logs", broker_id=3), "TOPIC_NOT_EXIST", ["'logs'", "broker 3"]),
+        (errors.TopicNotExist("logs", broker_id=3), "TOPIC_NOT_EXIST", ["topic logs does not", "broker 3"]),
         (errors.IndexOutOfBounds("logs", 17, 5, 10), "INDEX_OUT_OF_BOUNDS", ["17", "'logs'", "[5, 10)"]),
         (errors.InvalidTopic("a/b", "must not contain '/'"), "INVALID_TOPIC", ["'a/b'", "'/'"]),
-        (errors.TopicIsEmpty("logs"), "TOPIC_IS_EMPTY", ["'logs'", "empty"]),
+        (errors.TopicIsEmpty("logs"), "TOPIC_IS_EMPTY", ["topic logs is empty"]),
         (errors.AuthenticationFailure("logs"), "AUTHENTICATION_FAILURE", ["'logs'", "wrong password"]),
         (errors.MessageSizeTooLarge("logs", 2000, 1024), "MESSAGE_SIZE_TOO_LARGE", ["2000", "1024", "'logs'"]),
         (errors.AllMessageConsumed("logs", fanout_id="g"), "ALL_MESSAGE_CONSUMED", ["'logs'", "'g'", "try later"]),
