@@ -15,6 +15,7 @@ field with only the listed fields left out (and both sides must still decode).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -270,3 +271,19 @@ def test_oneway_call_without_item_gets_no_reply(replies: dict[str, list[bytes | 
     assert fields is not None
     assert (fields["message.name"], fields["message.seqid"], fields["result.errorCode"]) == ("getSize", 2, 1)
     assert fields["result.errorMessage"] == "topic r3 does not exist on broker 1"
+
+
+@pytest.mark.skipif(
+    not (R.java_peer() / "build" / "classpath.txt").exists(),
+    reason=f"no Java Luxun build at {R.java_peer()} (set LUXUN_JAVA_PEER; see ../shared/peers/luxun-java/README.md)",
+)
+def test_the_fixture_is_what_java_answers_now(tmp_path: Path) -> None:
+    """With the Java build at hand: record again and find the same replies (only the
+    append times may differ), so the fixture is neither stale nor hand-edited."""
+    fresh = R.record(R.java_peer(), tmp_path / "java_replies.json")["cases"]
+    stale = []
+    for case, recorded in FIXTURE["cases"].items():
+        for step, (old, new) in enumerate(zip(recorded["replies"], fresh[case]["replies"], strict=True)):
+            if old != new and not (old and new and _same(bytes.fromhex(old), bytes.fromhex(new), {"timestampOfIndex"})):
+                stale.append(f"{case!r} step {step}:\n  fixture: {old}\n  now:     {new}")
+    assert not stale, "the Java broker answers differently now: record again\n" + "\n".join(stale)
