@@ -59,7 +59,6 @@ _MAX_DEPTH = 32
 # A batch of received asyncProduce calls is appended at this size at the latest.
 _MAX_BATCH_ITEMS = 4096
 _MAX_BATCH_BYTES = 8 << 20
-_CONSUME_NAME = b"\x00\x00\x00\x07consume"  # the name field of a strict "consume" call
 
 # Thrift binary protocol type ids and the fixed sizes of the scalar ones.
 _T_STOP, _T_STRUCT, _T_MAP, _T_SET, _T_LIST, _T_STRING = 0, 12, 13, 14, 15, 11
