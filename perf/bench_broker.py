@@ -569,6 +569,7 @@ def floor_main(kind: str, port: int, cpus: list[int] | None) -> None:
 def floor_server(kind: str, cpus: list[int] | None) -> Iterator[BrokerInfo]:
     """Run :func:`floor_main` in a forked process until its port answers; SIGTERM it at the end."""
     port = free_port()
+    info: BrokerInfo | None = None
     proc = mp.get_context("fork").Process(target=floor_main, args=(kind, port, cpus), daemon=True)
     proc.start()
     try:
@@ -577,13 +578,17 @@ def floor_server(kind: str, cpus: list[int] | None) -> Iterator[BrokerInfo]:
             if not proc.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the {kind} server did not start on port {port} (exit code {proc.exitcode})")
             time.sleep(0.02)
-        yield BrokerInfo("127.0.0.1", port, proc.pid, None, [kind], None)
+        info = BrokerInfo("127.0.0.1", port, proc.pid, None, [kind], None)
+        yield info
     finally:
+        t = time.perf_counter()
         proc.terminate()
         proc.join(10)
         if proc.is_alive():
             proc.kill()
             proc.join(5)
+        if info is not None:
+            info.exit_code, info.stop_seconds = proc.exitcode, round(time.perf_counter() - t, 2)
 
 
 def side_broker(side: str, args: argparse.Namespace, broker_cpus: list[int] | None) -> Any:
@@ -1007,7 +1012,7 @@ def render_comparison(rows: list[dict[str, Any]], other: str, title: str) -> lis
     """The table of ``compare``'s rows: ours, the other side's, the ratio and each pass pair's."""
     head = (
         f"{'workload':<14}{'size B':>7}{'cli':>4}{'ours items/s':>14}{other + ' items/s':>24}{'ratio':>7}"
-        f"  {'pass pairs':<14}{'target':<12}"
+        f"  {'pass pairs':<17}{'target'}"
     )
     lines = ["", title, head, "-" * len(head)]
     for c in rows:
@@ -1016,7 +1021,7 @@ def render_comparison(rows: list[dict[str, Any]], other: str, title: str) -> lis
         lines.append(
             f"{c['workload']:<14}{c['item_size']:>7}{c['clients']:>4}{fmt_rate(c['ours_items_per_s']):>14}"
             f"{fmt_rate(c[other + '_items_per_s']):>24}{ratio:>7}  "
-            f"{' '.join(f'{x:.2f}' for x in c['pair_ratios']):<14}{mark}"
+            f"{' '.join(f'{x:.2f}' for x in c['pair_ratios']):<17}{mark}"
         )
     return lines
 
