@@ -3,7 +3,7 @@
 A program, not a test::
 
     .venv/bin/python perf/bench_broker.py            # full run (~5 min on 2 cores)
-    .venv/bin/python perf/bench_broker.py --quick    # smoke run (~1 min)
+    .venv/bin/python perf/bench_broker.py --quick    # smoke run (~30 s; with --java --floor ~2-3 min)
     .venv/bin/python perf/bench_broker.py --java .peers/luxun-java --floor   # against Java Luxun, ABBA
     .venv/bin/python perf/bench_broker.py --workloads produce --sizes 100 --placement split
     .venv/bin/python perf/bench_broker.py --broker 127.0.0.1:9092 --password secret
@@ -166,7 +166,7 @@ SIDE_TEXT = {
 #: Issue 10's targets, ours / Java per cell: 1 connection >= 1.2x, 4 clients >= 1.5x.
 RATIO_TARGETS = {1: 1.2, 4: 1.5}
 
-#: The issue's targets: (label, workload, size, metric, goal). Judged on 1 client, like the Java figures.
+#: The earlier absolute targets: (label, workload, size, metric, goal). Judged on 1 client.
 TARGETS: list[tuple[str, str, int, str, float]] = [
     ("sync produce 100 B >= 25 k calls/s", "produce", 100, "calls_per_s", 25e3),
     ("asyncProduce 1 KB >= 120 k items/s", "async_produce", 1000, "items_per_s", 120e3),
