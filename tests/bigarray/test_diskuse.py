@@ -5,6 +5,7 @@ blocks (st_blocks), not file sizes."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from bigarray import BigArray, FanoutQueue
 from bigarray import format as fmt
 from bigarray.page import DEFAULT_RESERVE_STEP, FIRST_RESERVE_STEP
 
-from ._util import allocated_bytes, item_index, make_item, page_files
+from ._util import PYTHON, ROOT, allocated_bytes, item_index, make_item, page_files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -156,3 +157,29 @@ def test_a_short_or_fully_allocated_page_written_elsewhere_is_used_as_it_is(tmp_
         arr.append_many([make_item(10 + i, 1000) for i in range(10)])
         assert [item_index(x) for x in arr.read_range(0)] == list(range(20))
     assert blocks(page0) == 1 * MIB
+
+
+def test_the_demo_leaves_nothing_behind_unless_given_a_dir(tmp_path):
+    """``python -m bigarray`` used to leave its queue (~293 MB) in /tmp on every run."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
+    out = subprocess.run(
+        [PYTHON, "-m", "bigarray", "--items", "3000"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "removed at the end" in out.stdout
+    assert list(tmp.iterdir()) == []
+    kept = tmp_path / "kept"
+    out = subprocess.run(
+        [PYTHON, "-m", "bigarray", "--items", "3000", "--dir", str(kept)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"queue directory: {kept}\n" in out.stdout
+    with FanoutQueue(kept) as q:
+        assert q.size() == 3000
+    assert allocated_bytes(kept) < 2 * MIB
