@@ -36,7 +36,8 @@ step only. A full disk therefore raises ``DiskFullError`` from a reservation, be
 any byte lands in unreserved space (which would be a SIGBUS), at a step boundary
 inside a page or when a page is created. A topic holding a few small items takes about
 half a MiB (two first steps plus the 4 KiB meta and group pages), a busy one what it
-holds plus at most one step per page being written. The meta and group pages are
+holds plus at most one step ahead in its index and data pages and the first step of
+the next data page. The meta and group pages are
 allocated whole when created. Holes read as zeros, for bigqueue too; a page written by
 Java (sparse as well on JDK 11+, or fully allocated) is read and appended to as it is.
 """
