@@ -69,8 +69,9 @@ class CorruptArrayError(BigArrayError):
 
 class DiskFullError(BigArrayError, OSError):
     """A page file could not be made, or disk space not reserved ahead of the writer:
-    the disk (or the file size limit) is full. Raised before any byte of the append
-    is written.
+    the disk (or the file size limit) is full. Raised before any byte lands in
+    unreserved space (a write there would be a SIGBUS); the failed append is not
+    committed (head does not move).
 
     Nothing already appended is lost; appends can resume once space is freed.
     """
