@@ -737,6 +737,7 @@ class BigArray:
         Raises:
             DiskFullError: the space could not be reserved (nothing was written).
         """
+        self._data_room = 0  # until reserved below: a failure leaves no stale room
         if self._data_page is None:
             self._data_page = self._data.acquire(self._data_page_no, create=True, reserve=self._data_off + n)
             if self._prefetch:
@@ -758,6 +759,7 @@ class BigArray:
         ``idx + m`` (in that page) reserved on disk."""
         page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
         end = ((idx & fmt.INDEX_SLOT_MASK) + m) * fmt.INDEX_ITEM_SIZE
+        self._index_room = 0  # until reserved below: a failure leaves no stale room
         ipage = self._index_page
         if ipage is None or ipage.page_no != page_no:
             ipage = self._switch_index_page(page_no, end)
