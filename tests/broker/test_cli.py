@@ -75,21 +75,26 @@ def test_a_broker_that_is_down_is_one_line_naming_host_and_port(args: tuple[str,
 
 
 def test_produce_to_the_metrics_port_times_out_with_one_line(broker_factory: Any) -> None:
-    """An HTTP server never answers a Thrift frame: the call timeout ends the wait."""
+    """The metrics HTTP server waits for a line end that a produce frame never holds
+    (the call timeout ends the wait), or answers HTTP to a consume frame (whose bytes
+    hold a 0x0a): either way one line naming the address and the likely mistake."""
     broker = broker_factory(metrics=True)
     address = f"127.0.0.1:{broker.metrics_port}"
-    for args, stdin in ((("produce", "t"), b"x\n"), (("consume", "t", "--group", "g"), b"")):
+    for args, stdin, what in (
+        (("produce", "t"), b"x\n", "no answer to produce within 1.0 s"),
+        (("consume", "t", "--group", "g"), b"", "consume"),
+    ):
         t0 = time.monotonic()
         done = run_cli(*args, "--broker", address, "--timeout-ms", "1000", stdin=stdin, timeout_s=30)
         elapsed = time.monotonic() - t0
-        one_line_error(done, address, "no answer", "within 1.0 s", code=1)
+        one_line_error(done, address, what, "QueueService port", code=1)
         assert elapsed < 15, f"{args[0]} took {elapsed:.1f} s with --timeout-ms 1000"
 
 
 def test_timeout_flags_are_documented_with_their_defaults() -> None:
     for command in ("produce", "consume", "delete", "topics"):
         done = run_cli(command, "--help")
-        text = done.stdout.decode()
+        text = " ".join(done.stdout.decode().split())  # argparse wraps lines
         assert "--connect-timeout-ms" in text and "--timeout-ms" in text, (command, text)
         assert "default 5000" in text and "default 30000" in text, (command, text)
 
@@ -102,7 +107,9 @@ def test_a_malformed_broker_address_is_one_line(bad: str) -> None:
 
 def test_a_broker_address_without_port_means_9092() -> None:
     """``--broker localhost`` is localhost:9092 (whatever answers there, the reply is one line)."""
-    done = run_cli("consume", "no-such-topic-cli-test", "--from", "earliest", "--broker", "localhost", "--timeout-ms", "3000")
+    done = run_cli(
+        "consume", "no-such-topic-cli-test", "--from", "earliest", "--broker", "localhost", "--timeout-ms", "3000"
+    )
     one_line_error(done, "localhost:9092", code=1)
 
 
@@ -228,6 +235,7 @@ def test_delete_with_a_wrong_password_is_one_line(broker_factory: Any) -> None:
 
 # -- topics ----------------------------------------------------------------------------------------
 def test_topics_from_the_broker_port_with_metrics_off(broker_factory: Any) -> None:
+    """listTopics on the QueueService port; ``consume --group --max 1`` moves the group by one item only."""
     broker = broker_factory()  # metrics off
     address = f"127.0.0.1:{broker.port}"
     assert run_cli("produce", "logs", "--broker", address, stdin=b"1\n2\n3\n").returncode == 0
