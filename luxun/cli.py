@@ -220,7 +220,8 @@ def _read_items(stream: IO[bytes], limit: int) -> Iterator[tuple[int, bytes | No
             return
         number += 1
         if line.endswith(b"\n"):
-            yield number, line[:-1], len(line) - 1
+            size = len(line) - 1
+            yield number, line[:-1] if size <= limit else None, size
             continue
         if len(line) <= limit:  # the last line, without a newline
             yield number, line, len(line)

@@ -130,6 +130,16 @@ def test_an_item_over_the_default_limit_is_refused_before_sending(broker_factory
     assert broker.proc.poll() is None
 
 
+def test_max_item_bytes_is_the_largest_item_sent(broker_factory: Any) -> None:
+    broker = broker_factory()
+    address = f"127.0.0.1:{broker.port}"
+    done = run_cli("produce", "edge", "--broker", address, "--max-item-bytes", "10", stdin=b"x" * 10 + b"\n")
+    assert done.returncode == 0, done.stderr
+    done = run_cli("produce", "edge", "--broker", address, "--max-item-bytes", "10", stdin=b"y" * 11 + b"\n")
+    one_line_error(done, "11 bytes", "--max-item-bytes 10", code=1)
+    assert topic_size(broker, "edge") == 1
+
+
 def test_a_reset_connection_during_produce_says_the_item_may_be_too_large(broker_factory: Any) -> None:
     """Allowed by --max-item-bytes, the 20 MB frame makes the broker close the connection."""
     broker = broker_factory()
