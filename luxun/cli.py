@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             "--connect-timeout-ms",
             type=int,
             default=DEFAULT_CONNECT_TIMEOUT_MS,
-            help=f"give up connecting after this long (ms, default {DEFAULT_CONNECT_TIMEOUT_MS}; 0: no limit)",
+            help=f"give up connecting after this long (ms, default {DEFAULT_CONNECT_TIMEOUT_MS}; 0: as --timeout-ms)",
         )
         p.add_argument(
             "--timeout-ms",
@@ -165,13 +165,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         props = load_properties(args.config) if args.config else {}
         config = BrokerConfig.from_properties(props, overrides=overrides)
-        if not tune_allocator():
-            logging.getLogger(__name__).info("malloc thresholds left as they are (set by the environment, or no glibc)")
-        broker = Broker(config)
+        broker = Broker(config)  # checks ports and data directory first: one line when they fail
     except (ConfigError, DataDirLockedError) as exc:
         raise CliError(str(exc), 2) from exc
     except OSError as exc:  # StartupError (port in use, data dir a file) or the data directory itself
         raise CliError(_os_error(exc), 2) from exc
+    if not tune_allocator():
+        logging.getLogger(__name__).info("malloc thresholds left as they are (set by the environment, or no glibc)")
     broker.serve_forever()
     return 0
 
@@ -190,7 +190,7 @@ def _connect(args: argparse.Namespace, extra_timeout_ms: int = 0) -> Any:
 
     for flag in ("connect_timeout_ms", "timeout_ms"):
         if getattr(args, flag) < 0:
-            raise CliError(f"--{flag.replace('_', '-')} must be >= 0 (0: no limit)", 2)
+            raise CliError(f"--{flag.replace('_', '-')} must be >= 0", 2)
     try:
         return BrokerConnection(
             args.broker,
