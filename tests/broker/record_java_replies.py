@@ -315,6 +315,7 @@ def _cases() -> dict[str, list[bytes]]:
             size("nope", seqid=7),
         ],
         "unknown method": [raw_call(b"noSuchCall", b"\x00", 1), produce("u", b"after", 2)],
+        "listTopics (our extension)": [*_fill("lt", [b"a"]), call("listTopics", T.ListTopicsRequest(), 1)],
     }
     for label, name in INVALID_NAMES.items():
         cases[f"invalid topic name ({label})"] = [
