@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import resource
 import signal
 import threading
 from types import FrameType
@@ -62,13 +63,37 @@ def tune_allocator() -> bool:
     )
 
 
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft limit of open file descriptors to the hard limit (logged);
+    ``(old soft, new soft)``. Topics, mapped pages and connections each take one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or (hard == resource.RLIM_INFINITY and soft >= 1 << 20):
+        log.info("file descriptor limit: %d", soft)
+        return soft, soft
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("file descriptor limit stays at %d (cannot raise it to %d: %s)", soft, target, exc)
+        return soft, soft
+    log.info("file descriptor limit raised from %d to the hard limit %d", soft, target)
+    return soft, target
+
+
 class Broker:
     """One luxun broker process's worth of state."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.topics = TopicManager(config.data_dir, data_page_size_bytes=config.data_page_size_bytes)
+        raise_fd_limit()
+        self.topics = TopicManager(
+            config.data_dir,
+            data_page_size_bytes=config.data_page_size_bytes,
+            max_open_topics=config.max_open_topics,
+            max_topics=config.max_topics,
+            auto_create=config.auto_create_topics,
+        )
         try:
             self.handler = QueueHandler(
                 self.topics,
@@ -92,7 +117,7 @@ class Broker:
                     config.metrics_host,
                     config.metrics_port,
                     self.metrics,
-                    self.topics.topics,
+                    self.topics.views,
                     title=f"luxun broker {config.broker_id} on {config.host}:{self.server.address[1]}",
                 )
             # Wake for flushes at the scheduler rate (Java's log.default.flush.scheduler.interval.ms),
@@ -132,7 +157,7 @@ class Broker:
         log.info(
             "luxun broker %d serving %d topics from %s on %s:%d (%s)",
             self.config.broker_id,
-            len(self.topics.topics()),
+            self.topics.count(),
             self.topics.data_dir,
             self.config.host,
             self.port,

@@ -188,7 +188,7 @@ def test_defaults() -> None:
 
 def test_known_keys_are_designs_list_plus_ours() -> None:
     assert JAVA_KEYS == DESIGN_KEYS
-    assert {"host", "metrics.host", "metrics.port"} == OUR_KEYS
+    assert {"host", "metrics.host", "metrics.port", "auto.create.topics.enable", "max.topics", "max.open.topics"} == OUR_KEYS
     assert KNOWN_KEYS == DESIGN_KEYS | OUR_KEYS
     assert UNUSED_KEYS <= JAVA_KEYS
 
