@@ -149,6 +149,90 @@ def test_leftover_deleted_topic_directories_are_removed_at_start(broker_factory:
     c.close()
 
 
+def contested_round(broker: Any, topic: str, round_: int, rng: random.Random) -> tuple[list[bytes], set[bytes]]:
+    """One round of produce, consume, long-poll and delete of ``topic`` from many
+    connections; ``(items acknowledged that started after the last delete answered,
+    items acknowledged before the last delete was sent)``."""
+    stop = threading.Event()
+    lock = threading.Lock()
+    produced: list[tuple[bytes, int, int]] = []  # (item, started ns, acknowledged ns)
+    deletes: list[tuple[int, int]] = []  # (sent ns, answered ns) of successful deletes
+    errors: list[str] = []
+
+    def producer(worker: int) -> None:
+        c = broker.client()
+        try:
+            i = 0
+            while not stop.is_set() and i < 4000:
+                value = b"r%d-w%d-%06d-" % (round_, worker, i) + b"x" * rng.randrange(0, 3000)
+                i += 1
+                start = time.monotonic_ns()
+                response = c.produce(T.ProduceRequest(item=value, topic=topic))
+                if response.result.resultCode == OK:
+                    with lock:
+                        produced.append((value, start, time.monotonic_ns()))
+                elif response.result.errorCode != E.TOPIC_NOT_EXIST:
+                    errors.append(f"produce: {response.result}")
+        finally:
+            c.close()
+
+    def consumer(worker: int) -> None:
+        c = broker.client()
+        try:
+            index = 0
+            while not stop.is_set():
+                if worker % 3 == 0:
+                    request = T.ConsumeRequest(topic=topic, fanoutId=f"g{worker}", maxFetchSize=20_000)
+                elif worker % 3 == 1:
+                    request = T.ConsumeRequest(topic=topic, fanoutId=f"g{worker}", maxFetchSize=20_000, maxWaitMs=300)
+                else:
+                    request = T.ConsumeRequest(topic=topic, startIndex=index, maxFetchSize=20_000, maxWaitMs=200)
+                response = c.consume(request)
+                code = response.result.errorCode
+                if code is None:
+                    if request.startIndex is not None:
+                        index = response.lastConsumedIndex + 1
+                elif code == E.INDEX_OUT_OF_BOUNDS:
+                    index = 0
+                elif code not in (E.TOPIC_NOT_EXIST, E.TOPIC_IS_EMPTY, E.ALL_MESSAGE_CONSUMED):
+                    errors.append(f"consume: {response.result}")
+                c.getSize(T.GetSizeRequest(topic=topic, fanoutId=f"g{worker}"))
+        finally:
+            c.close()
+
+    def deleter() -> None:
+        c = broker.client()
+        try:
+            for _ in range(6):
+                time.sleep(rng.uniform(0.05, 0.3))
+                sent = time.monotonic_ns()
+                response = c.deleteTopic(T.DeleteTopicRequest(topic=topic, password=PASSWORD))
+                if response.result.resultCode == OK:
+                    deletes.append((sent, time.monotonic_ns()))
+                else:
+                    errors.append(f"delete: {response.result}")
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=producer, args=(w,)) for w in range(4)]
+    threads += [threading.Thread(target=consumer, args=(w,)) for w in range(6)]
+    del_thread = threading.Thread(target=deleter)
+    for t in threads:
+        t.start()
+    del_thread.start()
+    del_thread.join(60)
+    time.sleep(0.3)  # produce on after the last delete
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[:5]
+    assert deletes, "no delete succeeded"
+    last_sent, last_answered = deletes[-1]
+    after = [v for v, started, _ in produced if started > last_answered]
+    before = {v for v, _, acked in produced if acked < last_sent}
+    return after, before
+
+
 def test_delete_racing_produce_consume_long_poll_and_re_creation(broker_factory: Any, tmp_path: Path) -> None:
     """Many connections produce, consume (by group and by index), long-poll and delete
     one topic at once, in rounds. After the last delete of each round, every produce
@@ -158,86 +242,7 @@ def test_delete_racing_produce_consume_long_poll_and_re_creation(broker_factory:
     topic = "contested"
     rng = random.Random(9)
     for round_ in range(4):
-        stop = threading.Event()
-        lock = threading.Lock()
-        # produce records: (value, started_ns, acked_ns or None)
-        produced: list[tuple[bytes, int, int | None]] = []
-        deletes: list[tuple[int, int]] = []  # (sent_ns, answered_ns) of successful deletes
-        errors: list[str] = []
-
-        def producer(worker: int, oneway: bool) -> None:
-            c = broker.client()
-            try:
-                i = 0
-                while not stop.is_set() and i < 4000:
-                    value = b"r%d-w%d-%06d-" % (round_, worker, i) + b"x" * rng.randrange(0, 3000)
-                    i += 1
-                    start = time.monotonic_ns()
-                    response = c.produce(T.ProduceRequest(item=value, topic=topic))
-                    if response.result.resultCode == OK:
-                        with lock:
-                            produced.append((value, start, time.monotonic_ns()))
-                    elif response.result.errorCode not in (E.TOPIC_NOT_EXIST,):
-                        errors.append(f"produce: {response.result}")
-            finally:
-                c.close()
-
-        def consumer(worker: int) -> None:
-            c = broker.client()
-            try:
-                index = 0
-                while not stop.is_set():
-                    if worker % 3 == 0:
-                        request = T.ConsumeRequest(topic=topic, fanoutId=f"g{worker}", maxFetchSize=20_000)
-                    elif worker % 3 == 1:
-                        request = T.ConsumeRequest(
-                            topic=topic, fanoutId=f"g{worker}", maxFetchSize=20_000, maxWaitMs=300
-                        )
-                    else:
-                        request = T.ConsumeRequest(topic=topic, startIndex=index, maxFetchSize=20_000, maxWaitMs=200)
-                    response = c.consume(request)
-                    code = response.result.errorCode
-                    if code is None:
-                        if request.startIndex is not None:
-                            index = response.lastConsumedIndex + 1
-                    elif code == E.INDEX_OUT_OF_BOUNDS:
-                        index = 0
-                    elif code not in (E.TOPIC_NOT_EXIST, E.TOPIC_IS_EMPTY, E.ALL_MESSAGE_CONSUMED):
-                        errors.append(f"consume: {response.result}")
-                    c.getSize(T.GetSizeRequest(topic=topic, fanoutId=f"g{worker}"))
-            finally:
-                c.close()
-
-        def deleter() -> None:
-            c = broker.client()
-            try:
-                for _ in range(6):
-                    time.sleep(rng.uniform(0.05, 0.3))
-                    sent = time.monotonic_ns()
-                    response = c.deleteTopic(T.DeleteTopicRequest(topic=topic, password=PASSWORD))
-                    if response.result.resultCode == OK:
-                        deletes.append((sent, time.monotonic_ns()))
-                    else:
-                        errors.append(f"delete: {response.result}")
-            finally:
-                c.close()
-
-        threads = [threading.Thread(target=producer, args=(w, False)) for w in range(4)]
-        threads += [threading.Thread(target=consumer, args=(w,)) for w in range(6)]
-        del_thread = threading.Thread(target=deleter)
-        for t in threads:
-            t.start()
-        del_thread.start()
-        del_thread.join(60)
-        time.sleep(0.3)  # produce on after the last delete
-        stop.set()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors[:5]
-        assert deletes, "no delete succeeded"
-        last_sent, last_answered = deletes[-1]
-        after = [v for v, started, _ in produced if started > last_answered]
-        before = {v for v, _, acked in produced if acked is not None and acked < last_sent}
+        after, before = contested_round(broker, topic, round_, rng)
         assert after, "nothing was produced after the last delete"
         assert broker.stop() == 0
         broker.start()
