@@ -71,6 +71,8 @@ E = T.ErrorCode
 
 #: Longest long-poll wait honoured, in ms (a client asking more gets this).
 MAX_WAIT_MS = 60_000
+#: A consume that finds no topic looks again after this long, in s (see _consume_once).
+UNKNOWN_TOPIC_GRACE_S = 0.01
 #: Failed oneway produces are logged at most this often (they are all counted).
 _WARN_EVERY_S = 10.0
 
@@ -298,6 +300,13 @@ class QueueHandler:
         try:
             validate_name(name, what="topic")
             topic = self.topics.get(name) or self.topics.open(name)
+            if topic is None and retry:
+                # Its first produce may be on a connection that has just been accepted
+                # (Java's async Producer connects for its first batch, a few ms before
+                # its user's consumer): let that thread take the GIL, then look again
+                # (a creation in progress is waited for).
+                time.sleep(UNKNOWN_TOPIC_GRACE_S)
+                topic = self.topics.get(name) or self.topics.open(name)
             if topic is None:
                 return reply(self._not_exist(name))
             queue = topic.queue

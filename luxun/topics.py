@@ -331,6 +331,9 @@ class TopicManager:
         self._make_room()
         queue = self._open_queue(os.path.join(self.data_dir, name))
         with self._lock:
+            if self._closed:
+                queue.close()
+                raise ArrayClosedError("the broker is shutting down")
             topic = self._known.get(name)
             self._snapshots.pop(name, None)
             if topic is None:
@@ -431,7 +434,11 @@ class TopicManager:
         topic = Topic(name, queue)
         with self._lock:
             self._known[name] = topic
-            self._open[name] = topic
+            if not self._closed:
+                self._open[name] = topic
+        if self._closed:  # shut down meanwhile: the items are in, the topic stays closed
+            queue.close()
+            return topic, index
         with self.created:
             self.created.notify_all()
         log.info("created topic %r", name)

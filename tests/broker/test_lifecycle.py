@@ -3,10 +3,13 @@ and re-creation of the same topic; a topic never visible empty while it is creat
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import socket
 import struct
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -22,6 +25,11 @@ from idl import luxun_thrift as T
 from tests._broker import PASSWORD
 
 pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The Java Luxun 0.6.2 build (see the peers README); only for the Java-driven test.
+JAVA_PEER = Path(os.environ.get("LUXUN_JAVA_PEER", ROOT / ".peers" / "luxun-java"))
+ASYNC_RACE_SOURCE = Path(__file__).resolve().parent / "interop" / "AsyncProducerRace.java"
 
 OK, FAILURE, TRY_LATER = T.ResultCode.SUCCESS, T.ResultCode.FAILURE, T.ResultCode.TRY_LATER
 E = T.ErrorCode
@@ -83,6 +91,35 @@ def test_async_burst_then_consume_on_a_new_connection_never_sees_an_empty_topic(
     deleter.close()
     print("answers of the first consume:", answers)
     assert not tracebacks(broker.log())
+
+
+def test_java_async_producer_then_simple_consumer_on_a_new_connection(broker: Any, tmp_path: Path) -> None:
+    """The same race driven by Java Luxun's own clients: async Producer (gzip, batches of
+    50, 500 messages), close(), then SimpleConsumer.consume(topic, 0, 1 MiB) at once."""
+    classpath_file = JAVA_PEER / "build" / "classpath.txt"
+    java, javac = shutil.which("java"), shutil.which("javac")
+    if not classpath_file.exists():
+        pytest.skip(f"no Java Luxun build at {JAVA_PEER} (set LUXUN_JAVA_PEER)")
+    if not (java and javac):
+        pytest.skip("java/javac (a JDK) is not installed")
+    classpath = classpath_file.read_text().strip()
+    classes = tmp_path / "classes"
+    compiled = subprocess.run(
+        [javac, "-nowarn", "-d", str(classes), "-cp", classpath, str(ASYNC_RACE_SOURCE)],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr
+    run = subprocess.run(
+        [java, "-cp", os.pathsep.join([str(classes), classpath]), "AsyncProducerRace",
+         "127.0.0.1", str(broker.port), "java-async", "20"],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    lines = [line for line in run.stdout.splitlines() if line.startswith("ASYNC_RACE ")]
+    assert len(lines) == 1, f"exit {run.returncode}\n{run.stdout}\n{run.stderr[-3000:]}"
+    report = json.loads(lines[0].removeprefix("ASYNC_RACE "))
+    print("messages read right after close(), per round:", report["rounds"])
+    assert report["failures"] == 0, report["rounds"]
+    assert run.returncode == 0
 
 
 # -- deleteTopic racing everything else ------------------------------------------------------------
