@@ -298,3 +298,32 @@ def test_delete_racing_produce_consume_long_poll_and_re_creation(broker_factory:
         assert not tracebacks(log), "\n".join(tracebacks(log)[:5])
         for bad in ("FileNotFoundError", "ArrayLockedError", "INTERNAL_ERROR"):
             assert bad not in log, bad
+
+
+def test_a_re_created_topic_gets_no_page_file_from_the_old_ones_read_ahead(tmp_path: Path) -> None:
+    """The old topic's queued read-ahead jobs (page files it was about to use) must not
+    run in the new topic's directory once the name is re-used."""
+    from bigarray.prefetch import PREFETCHER
+    from luxun.topics import TopicManager
+
+    busy = TopicManager(str(tmp_path / "busy"), data_page_size_bytes=32 << 20)
+    topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=1 << 20)
+    try:
+        for round_ in range(3):
+            for k in range(6):  # keep the one read-ahead thread busy with 32 MiB pages
+                busy.create_and_append(f"b{round_}-{k}", [b"z"])
+            topics.create_and_append("t", [b"y" * 700_000] * 6)  # queues read-ahead of its next pages
+            assert topics.delete("t")
+            topics.create_and_append("t", [b"new"])
+            deadline = time.monotonic() + 20
+            while not PREFETCHER._jobs.empty() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.2)
+            for sub in ("data", "index"):
+                assert sorted(os.listdir(tmp_path / "data" / "t" / sub)) == ["page-0.dat"], (round_, sub)
+            assert topics.delete("t")
+            for k in range(6):
+                busy.delete(f"b{round_}-{k}")
+    finally:
+        topics.close()
+        busy.close()
