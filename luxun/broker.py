@@ -63,6 +63,15 @@ def tune_allocator() -> bool:
     )
 
 
+#: File descriptors an open topic may hold (CPython's mmap keeps one per mapped page):
+#: its directory lock and meta page, up to 4 cached index and 4 data pages plus the
+#: writer's two, and a group's position. Measured: about 5 for a topic being written
+#: and read by one group (506 with 100 topics open, tests/broker/test_topic_limits.py).
+FDS_PER_OPEN_TOPIC_WORST = 13
+#: Descriptors kept for connections, the listener and the rest of the process.
+FDS_RESERVED = 256
+
+
 def raise_fd_limit() -> tuple[int, int]:
     """Raise the soft limit of open file descriptors to the hard limit (logged);
     ``(old soft, new soft)``. Topics, mapped pages and connections each take one."""
@@ -86,7 +95,18 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        raise_fd_limit()
+        _, fd_limit = raise_fd_limit()
+        worst = config.max_open_topics * FDS_PER_OPEN_TOPIC_WORST + FDS_RESERVED
+        if worst > fd_limit:
+            log.warning(
+                "max.open.topics=%d: open topics may need up to %d file descriptors (%d each at most, "
+                "about 5 usually) plus connections, over the limit of %d; lower max.open.topics if "
+                "calls fail with 'Too many open files'",
+                config.max_open_topics,
+                config.max_open_topics * FDS_PER_OPEN_TOPIC_WORST,
+                FDS_PER_OPEN_TOPIC_WORST,
+                fd_limit,
+            )
         self.topics = TopicManager(
             config.data_dir,
             data_page_size_bytes=config.data_page_size_bytes,

@@ -5,11 +5,13 @@ half-created and never stops a restart, ``auto.create.topics.enable`` and
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -197,6 +199,36 @@ def test_topic_limit_keys_parse() -> None:
     assert (config.auto_create_topics, config.max_topics, config.max_open_topics) == (False, 10, 7)
     default = BrokerConfig()
     assert (default.auto_create_topics, default.max_topics, default.max_open_topics) == (True, 0, 100)
+
+
+def test_metrics_show_topics_that_are_not_open(broker_factory: Any, tmp_path: Path) -> None:
+    conf = config_file(tmp_path, "max.open.topics=2", "log.backfile.page.size=4096")
+    broker = broker_factory("--config", conf, metrics=True)
+    c = broker.client()
+    for i in range(5):
+        for k in range(3):
+            c.produce(T.ProduceRequest(item=b"%d" % k, topic=f"m{i}"))
+        c.consume(T.ConsumeRequest(topic=f"m{i}", fanoutId="g", maxFetchSize=0))
+    c.close()
+    base = f"http://127.0.0.1:{broker.metrics_port}"
+
+    def rows() -> list[Any]:
+        with urllib.request.urlopen(base + "/topics.json", timeout=10) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    for _ in range(2):  # live and closed topics; then after a restart, nothing opened yet
+        listed = rows()
+        assert [r["name"] for r in listed] == [f"m{i}" for i in range(5)]
+        for row in listed:
+            assert (row["size"], row["head"], row["groups"]) == (3, 3, [["g", 2]]), row
+            assert row["disk"] > 0
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert 'luxun_topic_size_items{topic="m0"} 3' in text
+        assert 'luxun_group_lag_items{topic="m0",group="g"} 2' in text
+        broker.stop()
+        broker.start()
+    assert "file descriptor limit" in broker.log()
 
 
 # -- the open-topic LRU, in process ---------------------------------------------------------------------
