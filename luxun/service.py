@@ -16,6 +16,15 @@ wrong deleteTopic password    FAILURE     AUTHENTICATION_FAILURE
 anything else (disk full...)  FAILURE     INTERNAL_ERROR
 ============================  ==========  ======================
 
+Produce to an unknown topic creates it, unless ``auto.create.topics.enable`` is false
+(then TOPIC_NOT_EXIST) or the broker holds ``max.topics`` topics (then INTERNAL_ERROR,
+the message naming the limit: the IDL has no better code).
+
+A consume that finds no topic looks again after ``UNKNOWN_TOPIC_GRACE_S`` (10 ms)
+before answering TOPIC_NOT_EXIST: the topic's first produce may be on a connection
+accepted a moment earlier (Java's async Producer connects for its first batch just
+before its user's consumer connects). A topic being created is waited for.
+
 Fixed flaws of the original: a first item larger than ``maxFetchSize`` is returned
 anyway (a group can never get stuck); ``getSize`` of an unknown group does not create
 it; payloads are never logged.

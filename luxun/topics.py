@@ -480,7 +480,7 @@ class TopicManager:
                 with self._lock:
                     self._snapshots[topic.name] = view
             except Exception as exc:
-                _limited.error("close-" + topic.name, "closing topic %r failed: %s", topic.name, exc)
+                _limited.error("close", "closing topic %r failed: %s", topic.name, exc)
             finally:
                 self._release(topic.name, busy)
 
