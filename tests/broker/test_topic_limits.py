@@ -140,6 +140,33 @@ def test_descriptor_exhaustion_leaves_no_half_created_topic_and_a_restart_works(
         broker.stop()
 
 
+def test_a_full_disk_logs_one_line_per_interval_and_creates_nothing(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE below the data page size: every first append of a new topic fails
+    as on a full disk (EFBIG). Each produce is answered; the log gets one line per 10 s
+    with a count of the suppressed ones, and no half-created topic is left."""
+    data = tmp_path / "data"
+    conf = config_file(tmp_path, "log.backfile.page.size=16777216")
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 20, 8 << 20))
+
+    broker = start(tmp_path, data, "--config", conf, preexec_fn=limits)
+    try:
+        c = broker.client()
+        for i in range(200):
+            response = c.produce(T.ProduceRequest(item=b"x", topic=f"full{i % 3}"))
+            assert (response.result.resultCode, response.result.errorCode) == (FAILURE, E.INTERNAL_ERROR)
+        c.close()
+        lines = [line for line in broker.log().splitlines() if "produce to topic" in line]
+        assert 1 <= len(lines) <= 2, lines
+        deadline = time.monotonic() + 10
+        while topic_dirs(data) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert topic_dirs(data) == set()
+    finally:
+        broker.stop()
+
+
 # -- auto.create.topics.enable and max.topics ----------------------------------------------------------
 
 
