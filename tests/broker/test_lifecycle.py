@@ -280,6 +280,7 @@ def test_delete_racing_produce_consume_long_poll_and_re_creation(broker_factory:
     rng = random.Random(9)
     for round_ in range(4):
         after, before = contested_round(broker, topic, round_, rng)
+        print(f"round {round_}: {len(after)} items acknowledged after the last delete, {len(before)} before it")
         assert after, "nothing was produced after the last delete"
         assert broker.stop() == 0
         broker.start()
