@@ -93,8 +93,9 @@ def test_two_thousand_topics_under_a_1024_descriptor_limit(tmp_path: Path) -> No
             assert c.produce(T.ProduceRequest(item=b"more", topic=topic)).index == 1
         c.close()
         log = broker.log()
-        assert "Too many open files" not in log
+        assert "[Errno 24]" not in log  # EMFILE
         assert "Traceback" not in log
+        assert "lower max.open.topics if calls fail" in log  # the start-up warning at this limit
         print(f"most descriptors open in the broker: {most_fds} (limit 1024)")
     finally:
         broker.stop()
