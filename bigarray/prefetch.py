@@ -47,11 +47,18 @@ class Prefetcher:
     def forget(self, folder: str) -> None:
         """Drop queued work under ``folder`` and wait for the running job there to end.
 
-        Called when an array closes, so no page file appears in it afterwards.
+        Called when an array closes, so no page file appears in it afterwards, not even
+        once a new array opens at the same path (a topic deleted and re-created).
         """
         prefix = folder.rstrip(os.sep) + os.sep
         with self._idle:
             self._forgotten.add(prefix)
+            with self._jobs.mutex:  # queued jobs go now: a later remember() must not revive them
+                kept = [job for job in self._jobs.queue if not job[0].startswith(prefix)]
+                if len(kept) < len(self._jobs.queue):
+                    self._jobs.queue.clear()
+                    self._jobs.queue.extend(kept)
+                    self._jobs.not_full.notify_all()
             while self._current is not None and self._current.startswith(prefix):
                 self._cancel = True  # the running read stops at its next chunk
                 self._idle.wait(0.1)

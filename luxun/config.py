@@ -32,6 +32,9 @@ key                                        field                         default
 ``host`` (ours)                            ``host``                      127.0.0.1
 ``metrics.host`` (ours)                    ``metrics_host``              127.0.0.1
 ``metrics.port`` (ours)                    ``metrics_port``              9093 (0 = off)
+``auto.create.topics.enable`` (ours)       ``auto_create_topics``        true
+``max.topics`` (ours)                      ``max_topics``                0 (no limit)
+``max.open.topics`` (ours)                 ``max_open_topics``           100
 =========================================  ============================  ====================
 
 Where the Java defaults come from: ``com.leansoft.luxun.server.ServerConfig``,
@@ -120,6 +123,17 @@ DEFAULT_DATA_PAGE_SIZE_BYTES = DEFAULT_DATA_PAGE_SIZE
 #: Java's statistics window for JMX (default 600); accepted, unused here.
 DEFAULT_MONITORING_PERIOD_SECS = 600
 
+#: Produce to an unknown topic creates it (Java Luxun always did; Kafka's default).
+#: When false, such a produce answers TOPIC_NOT_EXIST.
+DEFAULT_AUTO_CREATE_TOPICS = True
+#: Most topics the broker holds; 0: no limit. One more answers INTERNAL_ERROR naming
+#: the limit (the IDL has no better code).
+DEFAULT_MAX_TOPICS = 0
+#: Topics kept open at once (least recently used ones are closed and reopened on use).
+#: An open topic costs about 5 file descriptors, so 100 fit a 1,024 limit with room
+#: for ~400 connections.
+DEFAULT_MAX_OPEN_TOPICS = 100
+
 _NO_OVERRIDES: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -196,6 +210,16 @@ class BrokerConfig:
     monitoring_period_secs: int = field(
         default=DEFAULT_MONITORING_PERIOD_SECS, metadata=_key("monitoring.period.secs", 1, INT32_MAX)
     )
+    #: Create a topic on its first produce; when false that produce answers TOPIC_NOT_EXIST.
+    auto_create_topics: bool = field(
+        default=DEFAULT_AUTO_CREATE_TOPICS, metadata=_key("auto.create.topics.enable", ours=True)
+    )
+    #: Most topics this broker holds (0: no limit).
+    max_topics: int = field(default=DEFAULT_MAX_TOPICS, metadata=_key("max.topics", 0, INT32_MAX, ours=True))
+    #: Topics kept open at once (least recently used ones are closed, reopened on use).
+    max_open_topics: int = field(
+        default=DEFAULT_MAX_OPEN_TOPICS, metadata=_key("max.open.topics", 1, INT32_MAX, ours=True)
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -223,6 +247,9 @@ class BrokerConfig:
                 object.__setattr__(self, f.name, MappingProxyType(checked))
             elif f.name == "metrics_port" and value is None:
                 continue
+            elif f.name in _BOOL_FIELDS:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{label} must be true or false, not {value!r}", key=f.metadata["key"])
             else:
                 _check_int(f, value=value, label=label)
 
@@ -297,6 +324,7 @@ _FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fie
 _FIELD_BY_KEY: dict[str, dataclasses.Field[Any]] = {f.metadata["key"]: f for f in _FIELDS.values()}
 _STR_FIELDS = frozenset({"data_dir", "host", "metrics_host", "password"})
 _MAP_FIELDS = frozenset({"topic_flush_intervals_ms", "topic_retention_hours"})
+_BOOL_FIELDS = frozenset({"auto_create_topics"})
 
 #: Every key Java Luxun's ServerConfig reads.
 JAVA_KEYS: frozenset[str] = frozenset(k for k, f in _FIELD_BY_KEY.items() if not f.metadata["ours"])
@@ -369,6 +397,11 @@ def _parse_value(f: dataclasses.Field[Any], raw: Any) -> Any:
         return raw.strip()
     if f.name in _MAP_FIELDS:
         return _parse_topic_map(label, raw)
+    if f.name in _BOOL_FIELDS:
+        text = raw.strip().lower()
+        if text not in ("true", "false"):
+            raise ConfigError(f"{label} = {raw!r} is not true or false", key=f.metadata["key"])
+        return text == "true"
     try:
         return _parse_int(label, raw)
     except ConfigError as exc:
@@ -611,6 +644,7 @@ def _unescape(text: str, where: str) -> str:
 
 
 __all__ = [
+    "DEFAULT_AUTO_CREATE_TOPICS",
     "DEFAULT_BROKER_ID",
     "DEFAULT_CLEANUP_INTERVAL_MINS",
     "DEFAULT_DATA_DIR",
@@ -620,6 +654,8 @@ __all__ = [
     "DEFAULT_FLUSH_SCHEDULER_INTERVAL_MS",
     "DEFAULT_HOST",
     "DEFAULT_MAX_MESSAGE_SIZE_BYTES",
+    "DEFAULT_MAX_OPEN_TOPICS",
+    "DEFAULT_MAX_TOPICS",
     "DEFAULT_METRICS_HOST",
     "DEFAULT_METRICS_PORT",
     "DEFAULT_MONITORING_PERIOD_SECS",

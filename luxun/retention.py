@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 from bigarray import now_ms
 
-from .topics import TopicManager
+from .topics import Topic, TopicManager
 
 log = logging.getLogger(__name__)
 
@@ -69,42 +69,68 @@ class Maintenance:
                 log.exception("maintenance pass failed")
 
     def run_once(self, *, force_cleanup: bool = False) -> None:
-        """One pass: cleanup when due (or forced), flushes when due."""
+        """One pass: cleanup when due (or forced), flushes when due.
+
+        Open topics are cleaned and flushed in place. A topic that is not open (see
+        :class:`~luxun.topics.TopicManager`) has nothing to flush; it is opened for a
+        cleanup only when its files show work to do (its oldest item is past retention,
+        or its files exceed the size limit), so a pass does not open every topic.
+        """
         now = time.monotonic()
         cleanup = force_cleanup or now >= self._next_cleanup
         if cleanup:
             self._next_cleanup = now + self.cleanup_interval_s
         for topic in self.topics.topics():
-            queue = topic.queue
-            try:
-                if cleanup:
-                    hours = self.topic_retention_hours.get(topic.name, self.retention_hours)
-                    if hours > 0:
-                        before = queue.tail
-                        queue.remove_before(self._clock_ms() - int(hours * 3_600_000))
-                        if queue.tail > before:
-                            log.info(
-                                "retention: topic %r dropped %d items older than %g h",
-                                topic.name,
-                                queue.tail - before,
-                                hours,
-                            )
-                    if self.retention_size_bytes >= 0:
-                        before = queue.tail
-                        queue.limit_back_file_size(self.retention_size_bytes)
-                        if queue.tail > before:
-                            log.info(
-                                "retention: topic %r dropped %d items to stay under %d bytes",
-                                topic.name,
-                                queue.tail - before,
-                                self.retention_size_bytes,
-                            )
-                    queue.array.expire_idle_pages()
-                interval_ms = self.topic_flush_intervals_ms.get(topic.name, self.flush_interval_ms)
-                if interval_ms > 0 and (now - topic.stats.last_flush_monotonic) * 1000 >= interval_ms:
-                    topic.stats.last_flush_monotonic = now
-                    queue.flush()
-            except Exception as exc:
-                if queue.closed:
-                    continue  # deleted meanwhile
-                log.error("maintenance of topic %r failed: %s", topic.name, exc)
+            self._maintain(topic, cleanup, now)
+        if not cleanup:
+            return
+        for view in self.topics.views():
+            if isinstance(view, Topic):
+                continue  # open: done above
+            hours = self.topic_retention_hours.get(view.name, self.retention_hours)
+            snapshot = view.queue
+            expired = hours > 0 and 0 < snapshot.oldest_ms() < self._clock_ms() - int(hours * 3_600_000)
+            oversized = 0 <= self.retention_size_bytes < snapshot.back_file_size()
+            if expired or oversized:
+                try:
+                    opened = self.topics.open(view.name)
+                except Exception as exc:
+                    log.error("maintenance of topic %r failed: cannot open it: %s", view.name, exc)
+                    continue
+                if opened is not None:
+                    self._maintain(opened, True, now)
+
+    def _maintain(self, topic: Topic, cleanup: bool, now: float) -> None:
+        queue = topic.queue
+        try:
+            if cleanup:
+                hours = self.topic_retention_hours.get(topic.name, self.retention_hours)
+                if hours > 0:
+                    before = queue.tail
+                    queue.remove_before(self._clock_ms() - int(hours * 3_600_000))
+                    if queue.tail > before:
+                        log.info(
+                            "retention: topic %r dropped %d items older than %g h",
+                            topic.name,
+                            queue.tail - before,
+                            hours,
+                        )
+                if self.retention_size_bytes >= 0:
+                    before = queue.tail
+                    queue.limit_back_file_size(self.retention_size_bytes)
+                    if queue.tail > before:
+                        log.info(
+                            "retention: topic %r dropped %d items to stay under %d bytes",
+                            topic.name,
+                            queue.tail - before,
+                            self.retention_size_bytes,
+                        )
+                queue.array.expire_idle_pages()
+            interval_ms = self.topic_flush_intervals_ms.get(topic.name, self.flush_interval_ms)
+            if interval_ms > 0 and (now - topic.stats.last_flush_monotonic) * 1000 >= interval_ms:
+                topic.stats.last_flush_monotonic = now
+                queue.flush()
+        except Exception as exc:
+            if queue.closed:
+                return  # deleted, or closed to make room, meanwhile
+            log.error("maintenance of topic %r failed: %s", topic.name, exc)

@@ -17,6 +17,15 @@ wrong deleteTopic password    FAILURE     AUTHENTICATION_FAILURE
 anything else (disk full...)  FAILURE     INTERNAL_ERROR
 ============================  ==========  ======================
 
+Produce to an unknown topic creates it, unless ``auto.create.topics.enable`` is false
+(then TOPIC_NOT_EXIST) or the broker holds ``max.topics`` topics (then INTERNAL_ERROR,
+the message naming the limit: the IDL has no better code).
+
+A consume that finds no topic looks again after ``UNKNOWN_TOPIC_GRACE_S`` (10 ms)
+before answering TOPIC_NOT_EXIST: the topic's first produce may be on a connection
+accepted a moment earlier (Java's async Producer connects for its first batch just
+before its user's consumer connects). A topic being created is waited for.
+
 Error replies of consume leave ``itemList`` unset, as Java Luxun's do; replies are
 compared byte for byte with the Java broker's in ``tests/broker/test_java_replies.py``,
 whose table lists every difference. Fixed flaws of the original: a first item larger
@@ -62,11 +71,14 @@ from .errors import (
     TopicIsEmpty,
     TopicNotExist,
 )
+from .logs import RateLimitedLog
 from .metrics import Metrics
-from .topics import Topic, TopicManager
+from .topics import Topic, TopicAutoCreateDisabledError, TopicLimitError, TopicManager, is_fd_exhaustion
 from .wire import ItemBlob
 
 log = logging.getLogger(__name__)
+#: Per-call error lines (a full disk, too many open files...): one per key per 10 s.
+_limited = RateLimitedLog(log)
 
 SUCCESS = T.ResultCode.SUCCESS
 FAILURE = T.ResultCode.FAILURE
@@ -75,6 +87,8 @@ E = T.ErrorCode
 
 #: Longest long-poll wait honoured, in ms (a client asking more gets this).
 MAX_WAIT_MS = 60_000
+#: A consume that finds no topic looks again after this long, in s (see _consume_once).
+UNKNOWN_TOPIC_GRACE_S = 0.01
 #: Failed oneway produces are logged at most this often (they are all counted).
 _WARN_EVERY_S = 10.0
 
@@ -204,9 +218,15 @@ class QueueHandler:
                     return MessageSizeTooLarge(name, size, self.max_message_size).to_result(), 0
             else:
                 size = sum(map(len, items))
-            topic = self.topics.get(name) or self.topics.get_or_create(name)
-            queue = topic.queue
-            index = queue.enqueue(items[0]) if len(items) == 1 else queue.enqueue_many(items)
+            topic = self.topics.get(name)
+            if topic is None:  # not open, not existing, or being created: the slow path
+                topic, index = self.topics.create_and_append(name, items)
+            else:
+                try:
+                    queue = topic.queue
+                    index = queue.enqueue(items[0]) if len(items) == 1 else queue.enqueue_many(items)
+                except ArrayClosedError:  # closed to make room, or deleted, under us: nothing was appended
+                    topic, index = self.topics.create_and_append(name, items)
             stats = topic.stats
             stats.items_in += len(items)
             stats.bytes_in += size
@@ -214,20 +234,27 @@ class QueueHandler:
                 stats.unflushed += len(items)
                 if stats.unflushed >= self.flush_count:
                     stats.unflushed = 0
-                    queue.flush()
+                    topic.queue.flush()
             topic.notify()
             return _OK, index
         except InvalidNameError as exc:
             return InvalidTopic(name, str(exc)).to_result(), 0
         except ItemTooLargeError as exc:
             return MessageSizeTooLarge(name, exc.length, exc.limit).to_result(), 0
+        except TopicAutoCreateDisabledError as exc:
+            return _result(FAILURE, E.TOPIC_NOT_EXIST, f"{exc} (broker {self.broker_id})"), 0
+        except TopicLimitError as exc:
+            return InternalError(f"broker {self.broker_id}: {exc}").to_result(), 0
         except ArrayClosedError:
             return self._not_exist(name), 0
         except DiskFullError as exc:
-            log.error("%s to topic %r failed: %s", call, name, exc)
+            _limited.error("disk-full", "%s to topic %r failed: %s", call, name, exc)
             return InternalError(f"broker {self.broker_id}: {exc}").to_result(), 0
         except Exception as exc:
-            log.exception("%s to topic %r failed", call, name)
+            if is_fd_exhaustion(exc):
+                _limited.error("fd-limit", "%s to topic %r failed: %s", call, name, exc)
+            else:
+                _limited.exception("append-" + call, "%s to topic %r failed", call, name)
             return self._internal(exc), 0
 
     def _not_exist(self, name: str) -> Any:
@@ -261,7 +288,10 @@ class QueueHandler:
                 self.topics.wait_for(request.topic, self._ready_check(request), min(wait_ms, MAX_WAIT_MS) / 1000)
                 response = self._consume_once(request, blob)
         except Exception as exc:
-            log.exception("consume from topic %r failed", request.topic)
+            if is_fd_exhaustion(exc):
+                _limited.error("fd-limit", "consume from topic %r failed: %s", request.topic, exc)
+            else:
+                _limited.exception("consume", "consume from topic %r failed", request.topic)
             response = T.ConsumeResponse(result=self._internal(exc), lastConsumedIndex=0)
         self.metrics.observe("consume", time.perf_counter() - t0, response.result.errorCode)
         return response
@@ -282,7 +312,7 @@ class QueueHandler:
 
         return ready
 
-    def _consume_once(self, request: Any, blob: bool) -> Any:
+    def _consume_once(self, request: Any, blob: bool, retry: bool = True) -> Any:
         name = request.topic
         group = request.fanoutId
         max_fetch = request.maxFetchSize or 0
@@ -304,7 +334,14 @@ class QueueHandler:
         except InvalidNameError as exc:
             return reply(InvalidTopic(name, str(exc)).to_result())
         try:
-            topic = self.topics.get(name)
+            topic = self.topics.get(name) or self.topics.open(name)
+            if topic is None and retry:
+                # Its first produce may be on a connection that has just been accepted
+                # (Java's async Producer connects for its first batch, a few ms before
+                # its user's consumer): let that thread take the GIL, then look again
+                # (a creation in progress is waited for).
+                time.sleep(UNKNOWN_TOPIC_GRACE_S)
+                topic = self.topics.get(name) or self.topics.open(name)
             if topic is None:
                 return reply(self._not_exist(name))
             queue = topic.queue
@@ -342,8 +379,12 @@ class QueueHandler:
         except InvalidNameError as exc:  # the group's name: the topic's was checked above
             return reply(_invalid_fanout(exc))
         except IndexOutOfRangeError as exc:
+            if retry and queue is not None and queue.closed:
+                return self._consume_once(request, blob, retry=False)
             return reply(IndexOutOfBounds(name, exc.index, exc.tail, exc.head).to_result())
         except ArrayClosedError:
+            if retry:  # closed to make room (nothing was read or moved): once more, reopened
+                return self._consume_once(request, blob, retry=False)
             return reply(self._not_exist(name))
 
     @staticmethod
@@ -366,7 +407,7 @@ class QueueHandler:
         index = ts = 0
         try:
             validate_name(name, what="topic")
-            topic = self.topics.get(name)
+            topic = self.topics.get(name) or self.topics.open(name)
             if topic is None:
                 result = self._not_exist(name)
             else:
@@ -390,12 +431,12 @@ class QueueHandler:
         except (ArrayClosedError, IndexOutOfRangeError):
             result = (
                 self._not_exist(name)
-                if self.topics.get(name) is None
+                if name not in self.topics.names()
                 else _result(TRY_LATER, E.INDEX_OUT_OF_BOUNDS, f"topic {name!r} changed during the lookup, try again")
             )
             index = ts = 0
         except Exception as exc:
-            log.exception("findClosestIndexByTime on topic %r failed", name)
+            _limited.exception("findClosestIndexByTime", "findClosestIndexByTime on topic %r failed", name)
             result = self._internal(exc)
         self.metrics.observe("findClosestIndexByTime", time.perf_counter() - t0, result.errorCode)
         return T.FindClosestIndexByTimeResponse(result=result, index=index, timestampOfIndex=ts)
@@ -418,7 +459,7 @@ class QueueHandler:
         except PermissionError as exc:  # the password check's "no password: deletion is disabled"
             result = AuthenticationFailure(name, str(exc)).to_result()
         except Exception as exc:
-            log.exception("deleteTopic of %r failed", name)
+            _limited.exception("deleteTopic", "deleteTopic of %r failed", name)
             result = self._internal(exc)
         self.metrics.observe("deleteTopic", time.perf_counter() - t0, result.errorCode)
         return T.DeleteTopicResponse(result=result)
@@ -432,22 +473,24 @@ class QueueHandler:
         size = 0
         try:
             validate_name(name, what="topic")
-            topic = self.topics.get(name)
-            if topic is None:
-                result = self._not_exist(name)
-            else:
-                queue = topic.queue
+            result = self._not_exist(name)
+            for _ in range(2):  # a second time if the topic was closed to make room meanwhile
+                topic = self.topics.get(name) or self.topics.open(name)
+                if topic is None:
+                    break
                 try:
-                    size = queue.size(group) if group else queue.size()
+                    size = topic.queue.size(group) if group else topic.queue.size()
                     result = _OK
+                    break
+                except ArrayClosedError:
+                    continue
                 except InvalidNameError as exc:  # the group's name
                     result = _invalid_fanout(exc)
+                    break
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
-        except ArrayClosedError:
-            result = self._not_exist(name)
         except Exception as exc:
-            log.exception("getSize of %r failed", name)
+            _limited.exception("getSize", "getSize of %r failed", name)
             result = self._internal(exc)
         self.metrics.observe("getSize", time.perf_counter() - t0, result.errorCode)
         return T.GetSizeResponse(result=result, size=size)
@@ -458,7 +501,7 @@ class QueueHandler:
         t0 = time.perf_counter()
         infos = []
         try:
-            for topic in self.topics.topics():
+            for topic in self.topics.views():  # closed topics too, without opening them
                 queue = topic.queue
                 try:
                     lag = {group: queue.size(group) for group in queue.groups()}
@@ -467,7 +510,7 @@ class QueueHandler:
                         size=queue.size(),
                         tailIndex=queue.tail,
                         headIndex=queue.head,
-                        diskBytes=queue.back_file_size(),
+                        diskBytes=queue.allocated_size(),
                         groupLag=lag,
                     )
                 except (ArrayClosedError, OSError):  # deleted (or closed) while we looked

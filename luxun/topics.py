@@ -1,9 +1,35 @@
 """The topic manager: topic name -> FanoutQueue under the data directory.
 
 Each sub-directory of the data directory is one topic (as in Java Luxun, so keep
-nothing else there but files). Topics are opened at start, created on first produce and
-deleted with their files. The data directory itself is locked (``flock`` on a
+nothing else there but files). The data directory itself is locked (``flock`` on a
 ``.luxun.lock`` file), so a second broker on the same directory is refused.
+
+Lifecycle of a topic:
+
+* **Start**: the directories are listed, nothing is opened; a topic is opened on its
+  first use. A restart therefore never needs every topic open at once.
+* **Open topics are bounded** (``max_open_topics``): opening one more closes the least
+  recently used ones (a CLOCK sweep: a topic used since the last sweep gets a second
+  chance). A topic with a waiting long poll is never closed; a call that still holds a
+  topic closed under it sees ``ArrayClosedError`` and the service retries it once on
+  the reopened topic (nothing was appended or moved by the failed attempt). A topic's
+  items, group positions and counters survive close and reopen. An open topic costs
+  about 5 file descriptors (the directory lock, the meta page, one per group and the
+  index and data pages in use; CPython's ``mmap`` keeps a descriptor per mapping).
+* **Creation** (by produce, :meth:`TopicManager.create_and_append`) opens the new
+  topic *and appends its first items* before anyone can see it: a consumer asking
+  meanwhile waits for the creation to finish, so a topic is never visible empty
+  because it is being created. A creation that fails (too many open files, full
+  disk, ...) leaves no directory behind.
+* **Deletion** closes the topic (in-flight appends finish first), then renames its
+  directory to ``.luxun-deleted-<random hex>`` before the name can be used again, and
+  removes that directory in a background thread. A re-created topic thus never shares
+  a file with the old one. Leftover ``.luxun-deleted-*`` directories (a crash during
+  removal) are removed at start. Java Luxun would take such a directory for a topic,
+  so do not hand a data directory to Java Luxun while one exists.
+
+Names starting with ``.luxun`` are the broker's own (lock file, deleted topics) and
+refused as topic names.
 
 Waiting consumers (the long-poll extension) wait on a per-topic condition that a
 produce notifies; waiting costs a blocked thread, never a busy one.
@@ -14,24 +40,51 @@ Thread-safety: every method may be called from any thread.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import shutil
+import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from bigarray import ArrayLockedError, FanoutQueue, validate_name
+from bigarray import ArrayClosedError, FanoutQueue, InvalidNameError, validate_name
+from bigarray import format as fmt
+
+from .config import DEFAULT_MAX_OPEN_TOPICS
+from .logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
 
 LOCK_FILE = ".luxun.lock"
+#: Names starting with this are the broker's own, never topics.
+RESERVED_PREFIX = ".luxun"
+#: A deleted topic's directory is renamed to this prefix + random hex, then removed.
+TRASH_PREFIX = ".luxun-deleted-"
+#: Longest wait for another thread's creation, reopening or deletion of a topic.
+_BUSY_WAIT_S = 30.0
+
+_HEAD_TAIL = struct.Struct(">qq")
+_I64 = struct.Struct(">q")
+_INDEX_ITEM = struct.Struct(fmt.INDEX_ITEM_STRUCT)
 
 
 class DataDirLockedError(RuntimeError):
     """Another broker process is using the data directory."""
+
+
+class TopicLimitError(RuntimeError):
+    """A new topic would exceed ``max.topics``, or auto-creation is off."""
+
+
+class TopicAutoCreateDisabledError(TopicLimitError):
+    """Produce to an unknown topic while ``auto.create.topics.enable`` is false."""
 
 
 @dataclass
@@ -47,9 +100,13 @@ class TopicStats:
 
 
 class Topic:
-    """One topic: its queue, its counters and the condition waiting consumers use."""
+    """One topic: its queue, its counters and the condition waiting consumers use.
 
-    __slots__ = ("cond", "name", "queue", "stats", "waiters")
+    The object lives as long as the topic (across closes and reopens); ``queue`` is the
+    open queue, or the last one, closed, while the topic is not open.
+    """
+
+    __slots__ = ("cond", "deleted", "name", "queue", "stats", "used", "waiters")
 
     def __init__(self, name: str, queue: FanoutQueue) -> None:
         self.name = name
@@ -57,12 +114,83 @@ class Topic:
         self.stats = TopicStats()
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0
+        self.used = True
+        self.deleted = False
 
     def notify(self) -> None:
         """Wake the consumers waiting for new items (cheap when nobody waits)."""
         if self.waiters:
             with self.cond:
                 self.cond.notify_all()
+
+
+class QueueSnapshot:
+    """Sizes of a topic that is not open, read from its files without opening it (the
+    subset of :class:`~bigarray.FanoutQueue` the metrics use)."""
+
+    closed = True
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.head = self.tail = 0
+        self._groups: dict[str, int] = {}
+        meta = os.path.join(path, fmt.META_DIR, fmt.page_file_name(0))
+        with contextlib.suppress(OSError, struct.error), open(meta, "rb") as f:
+            self.head, self.tail = _HEAD_TAIL.unpack(f.read(_HEAD_TAIL.size))
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.listdir(path)):
+                if entry.startswith(fmt.FRONT_DIR_PREFIX):
+                    with contextlib.suppress(OSError, struct.error):
+                        name = os.path.join(path, entry, fmt.page_file_name(0))
+                        with open(name, "rb") as f:
+                            self._groups[entry[len(fmt.FRONT_DIR_PREFIX) :]] = _I64.unpack(f.read(_I64.size))[0]
+        self._disk = self._allocated = 0  # file sizes (as Java's getBackFileSize), blocks in use
+        for sub in (fmt.INDEX_DIR, fmt.DATA_DIR):
+            with contextlib.suppress(OSError), os.scandir(os.path.join(path, sub)) as it:
+                for page in it:
+                    if fmt.parse_page_file_name(page.name) is not None:
+                        with contextlib.suppress(OSError):
+                            st = page.stat()
+                            self._disk += st.st_size
+                            self._allocated += st.st_blocks * 512
+
+    def groups(self) -> list[str]:
+        return sorted(self._groups)
+
+    def size(self, group: str | None = None) -> int:
+        if group is None:
+            return self.head - self.tail
+        return self.head - max(self._groups.get(group, self.tail), self.tail)
+
+    def back_file_size(self) -> int:
+        return self._disk
+
+    def allocated_size(self) -> int:
+        """Disk blocks the index and data pages take (pages are sparse)."""
+        return self._allocated
+
+    def oldest_ms(self) -> int:
+        """Append time of the item at tail in ms (0: none, or unreadable)."""
+        if self.head <= self.tail:
+            return 0
+        page = os.path.join(self.path, fmt.INDEX_DIR, fmt.page_file_name(self.tail >> fmt.INDEX_ITEMS_PER_PAGE_BITS))
+        try:
+            with open(page, "rb") as f:
+                f.seek((self.tail & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE)
+                return int(_INDEX_ITEM.unpack(f.read(_INDEX_ITEM.size))[3])
+        except (OSError, struct.error):
+            return 0
+
+
+class TopicView:
+    """What the metrics see of a topic that is not open: name, counters, sizes."""
+
+    __slots__ = ("name", "queue", "stats")
+
+    def __init__(self, name: str, stats: TopicStats, queue: QueueSnapshot) -> None:
+        self.name = name
+        self.stats = stats
+        self.queue = queue
 
 
 class TopicManager:
@@ -72,15 +200,41 @@ class TopicManager:
         data_dir: the broker's data directory (created if missing).
         data_page_size_bytes: data page size for new topics.
         max_cached_pages: idle pages kept mapped per topic folder.
+        max_open_topics: topics kept open at once (least recently used ones are
+            closed beyond it; topics with waiting consumers may exceed it).
+        max_topics: most topics that may exist; 0: no limit.
+        auto_create: create a topic on its first produce (else produce to an unknown
+            topic fails with :class:`TopicAutoCreateDisabledError`).
     """
 
-    def __init__(self, data_dir: str, *, data_page_size_bytes: int, max_cached_pages: int = 4) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        data_page_size_bytes: int,
+        max_cached_pages: int = 4,
+        max_open_topics: int = DEFAULT_MAX_OPEN_TOPICS,
+        max_topics: int = 0,
+        auto_create: bool = True,
+    ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self._page_size = data_page_size_bytes
         self._max_cached_pages = max_cached_pages
+        self.max_open_topics = max(1, max_open_topics)
+        self.max_topics = max_topics
+        self.auto_create = auto_create
         self._lock = threading.Lock()
-        self._topics: dict[str, Topic] = {}
+        #: Open topics (the lock-free lookup of every call).
+        self._open: dict[str, Topic] = {}
+        #: Every topic: its Topic once opened in this process, else None.
+        self._known: dict[str, Topic | None] = {}
+        #: Cached sizes of topics not open (for the metrics), dropped when opened.
+        self._snapshots: dict[str, TopicView] = {}
+        #: Names being created, opened, closed or deleted by some thread.
+        self._busy: dict[str, threading.Event] = {}
+        self._creating = 0
         self._closed = False
+        self._trash_threads: list[threading.Thread] = []
         # Anyone waiting for a topic that does not exist yet waits here.
         self.created = threading.Condition(threading.Lock())
         os.makedirs(self.data_dir, exist_ok=True)
@@ -93,132 +247,403 @@ class TopicManager:
                 f"data directory {self.data_dir} is in use by another broker (lock {LOCK_FILE} is held)"
             ) from None
         try:
-            self._open_existing()
+            self._list_existing()
         except BaseException:
             self.close()
             raise
 
-    def _open_existing(self) -> None:
+    def _list_existing(self) -> None:
         for entry in sorted(os.listdir(self.data_dir)):
             path = os.path.join(self.data_dir, entry)
+            if entry.startswith(TRASH_PREFIX):
+                shutil.rmtree(path, ignore_errors=True)
+                log.info("removed a deleted topic's directory left behind: %s", entry)
+                continue
             if not os.path.isdir(path):
                 continue
             try:
-                validate_name(entry, what="topic")
-            except ValueError as exc:
+                self.validate(entry)
+            except InvalidNameError as exc:
                 log.warning("skipping directory %r in the data directory: %s", entry, exc)
                 continue
-            try:
-                self._topics[entry] = Topic(entry, self._open_queue(path))
-            except ArrayLockedError as exc:
-                raise DataDirLockedError(f"topic {entry!r} is in use by another process: {exc}") from exc
-            log.info(
-                "opened topic %r: %d items (indexes %d..%d)",
-                entry,
-                self._topics[entry].queue.size(),
-                self._topics[entry].queue.tail,
-                self._topics[entry].queue.head,
-            )
+            self._known[entry] = None
+        log.info("found %d topics in %s (opened on first use)", len(self._known), self.data_dir)
+
+    @staticmethod
+    def validate(name: object) -> str:
+        """Check a topic name (bigarray's rules, and not one of the broker's own).
+
+        Raises:
+            bigarray.InvalidNameError: naming the rule that was broken.
+        """
+        validate_name(name, what="topic")
+        assert isinstance(name, str)
+        if name.startswith(RESERVED_PREFIX):
+            raise InvalidNameError(f"topic {name!r}: names starting with {RESERVED_PREFIX!r} are reserved")
+        return name
 
     def _open_queue(self, path: str) -> FanoutQueue:
         return FanoutQueue(path, data_page_size=self._page_size, max_cached_pages=self._max_cached_pages)
 
+    # -- lookups -----------------------------------------------------------------------
     def get(self, name: str) -> Topic | None:
-        """The topic called ``name``, or None."""
-        return self._topics.get(name)
+        """The topic called ``name`` if it is open now, else None (then use :meth:`open`).
 
-    def get_or_create(self, name: str) -> Topic:
-        """The topic called ``name``, created if needed.
+        The hot path of every call: a dict lookup and an attribute write (the use mark
+        of the LRU sweep).
+        """
+        topic = self._open.get(name)
+        if topic is not None:
+            topic.used = True
+        return topic
+
+    def open(self, name: str) -> Topic | None:
+        """The topic called ``name``, opened if needed; None if it does not exist.
+
+        Waits while another thread creates, opens, closes or deletes it.
+
+        Raises:
+            OSError: the topic could not be opened (e.g. too many open files).
+            bigarray.ArrayLockedError: another process holds the topic's directory.
+        """
+        deadline = time.monotonic() + _BUSY_WAIT_S
+        while True:
+            with self._lock:
+                topic = self._open.get(name)
+                if topic is not None:
+                    topic.used = True
+                    return topic
+                if self._closed:
+                    return None
+                busy = self._busy.get(name)
+                if busy is None:
+                    if name not in self._known:
+                        return None
+                    busy = self._busy[name] = threading.Event()
+                    mine = True
+                else:
+                    mine = False
+            if not mine:
+                if not busy.wait(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"topic {name!r} stayed busy (opening, closing or deleting) for too long")
+                continue
+            try:
+                return self._reopen(name)
+            finally:
+                self._release(name, busy)
+
+    def _reopen(self, name: str) -> Topic:
+        """Open a known topic (the caller holds its busy mark)."""
+        self._make_room()
+        queue = self._open_queue(os.path.join(self.data_dir, name))
+        with self._lock:
+            if self._closed:
+                queue.close()
+                raise ArrayClosedError("the broker is shutting down")
+            topic = self._known.get(name)
+            self._snapshots.pop(name, None)
+            if topic is None:
+                topic = Topic(name, queue)
+                self._known[name] = topic
+            else:
+                topic.queue = queue
+                topic.used = True
+            self._open[name] = topic
+        log.debug("opened topic %r: %d items (indexes %d..%d)", name, queue.size(), queue.tail, queue.head)
+        return topic
+
+    def create_and_append(self, name: str, items: Sequence[bytes]) -> tuple[Topic, int]:
+        """Append ``items`` to topic ``name``, creating (or opening) it first if needed;
+        ``(topic, index of the first item)``.
+
+        A new topic is created with ``items`` already in it before any other thread can
+        see it. If the creation or the first append fails, the topic is not created.
 
         Raises:
             bigarray.InvalidNameError: the name breaks the topic naming rules.
+            TopicLimitError: ``max_topics`` is reached, or auto-creation is off.
+            ArrayClosedError: the broker is shutting down.
+            Whatever the append raises (``ItemTooLargeError``, ``DiskFullError``, ...).
         """
-        topic = self._topics.get(name)
-        if topic is not None:
-            return topic
-        validate_name(name, what="topic")
+        deadline = time.monotonic() + _BUSY_WAIT_S
+        while True:
+            topic = self.get(name) or self.open(name)
+            if topic is not None:
+                try:
+                    return topic, self._append(topic.queue, items)
+                except ArrayClosedError:
+                    if self._closed or time.monotonic() > deadline:
+                        raise
+                    continue  # closed or deleted under us: look again
+            self.validate(name)
+            with self._lock:
+                if self._closed:
+                    raise ArrayClosedError("the broker is shutting down")
+                busy = self._busy.get(name)
+                if busy is None and name in self._known:
+                    continue  # created meanwhile
+                if busy is None:
+                    if not self.auto_create:
+                        raise TopicAutoCreateDisabledError(
+                            f"topic {name!r} does not exist and auto.create.topics.enable is false"
+                        )
+                    if self.max_topics > 0 and len(self._known) + self._creating >= self.max_topics:
+                        raise TopicLimitError(
+                            f"cannot create topic {name!r}: the broker holds max.topics={self.max_topics} topics"
+                        )
+                    busy = self._busy[name] = threading.Event()
+                    self._creating += 1
+                    mine = True
+                else:
+                    mine = False
+            if not mine:
+                if not busy.wait(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"topic {name!r} stayed busy (opening, closing or deleting) for too long")
+                continue
+            try:
+                return self._create(name, items)
+            finally:
+                with self._lock:
+                    self._creating -= 1
+                self._release(name, busy)
+
+    def get_or_create(self, name: str) -> Topic:
+        """The topic called ``name``, opened, or created empty (for tools and tests; the
+        broker creates topics with their first items, :meth:`create_and_append`)."""
+        return self.create_and_append(name, [])[0]
+
+    @staticmethod
+    def _append(queue: FanoutQueue, items: Sequence[bytes]) -> int:
+        return queue.enqueue(items[0]) if len(items) == 1 else queue.enqueue_many(items)
+
+    def _create(self, name: str, items: Sequence[bytes]) -> tuple[Topic, int]:
+        """Create topic ``name`` holding ``items`` (the caller holds its busy mark)."""
+        self._make_room()
+        path = os.path.join(self.data_dir, name)
+        made = False
+        queue: FanoutQueue | None = None
+        try:
+            try:
+                os.mkdir(path)
+                made = True
+            except FileExistsError:
+                pass  # a directory put there from outside: it is taken as the topic's
+            queue = self._open_queue(path)
+            index = self._append(queue, items)
+        except BaseException:
+            if queue is not None:
+                with contextlib.suppress(Exception):
+                    queue.close()
+            if made:
+                self._discard(path)
+            raise
+        topic = Topic(name, queue)
         with self._lock:
-            if self._closed:
-                raise RuntimeError("the broker is shutting down")
-            topic = self._topics.get(name)
-            if topic is None:
-                topic = Topic(name, self._open_queue(os.path.join(self.data_dir, name)))
-                self._topics[name] = topic
-                log.info("created topic %r", name)
+            self._known[name] = topic
+            if not self._closed:
+                self._open[name] = topic
+        if self._closed:  # shut down meanwhile: the items are in, the topic stays closed
+            queue.close()
+            return topic, index
         with self.created:
             self.created.notify_all()
-        return topic
+        log.info("created topic %r", name)
+        return topic, index
 
-    def delete(self, name: str) -> bool:
-        """Delete a topic and its files; False if it did not exist."""
+    def _release(self, name: str, busy: threading.Event) -> None:
         with self._lock:
-            topic = self._topics.pop(name, None)
-        if topic is None:
-            return False
-        topic.queue.close()
-        with topic.cond:
-            topic.cond.notify_all()
-        path = os.path.join(self.data_dir, name)
-        for _ in range(5):  # a background prefetch may be creating a page file just now
-            shutil.rmtree(path, ignore_errors=True)
-            if not os.path.exists(path):
-                break
-            time.sleep(0.05)
+            if self._busy.get(name) is busy:
+                del self._busy[name]
+        busy.set()
+
+    # -- closing least recently used topics ----------------------------------------------
+    def _make_room(self) -> None:
+        """Close least recently used topics so one more fits under ``max_open_topics``."""
+        victims: list[tuple[Topic, threading.Event]] = []
+        with self._lock:
+            excess = len(self._open) + 1 - self.max_open_topics
+            if excess <= 0:
+                return
+            for _ in range(2 * len(self._open)):
+                if len(victims) >= excess or not self._open:
+                    break
+                name, topic = next(iter(self._open.items()))
+                del self._open[name]
+                if topic.used or topic.waiters:
+                    topic.used = False  # second chance: to the back of the line
+                    self._open[name] = topic
+                    continue
+                busy = self._busy[name] = threading.Event()
+                victims.append((topic, busy))
+        if len(victims) < excess:
+            _limited.warning(
+                "open-limit", "more than max.open.topics=%d topics are in use at once", self.max_open_topics
+            )
+        for topic, busy in victims:
+            try:
+                topic.queue.close()
+                view = TopicView(topic.name, topic.stats, QueueSnapshot(topic.queue.path))
+                with self._lock:
+                    self._snapshots[topic.name] = view
+            except Exception as exc:
+                _limited.error("close", "closing topic %r failed: %s", topic.name, exc)
+            finally:
+                self._release(topic.name, busy)
+
+    # -- deletion ----------------------------------------------------------------------
+    def delete(self, name: str) -> bool:
+        """Delete a topic and its files; False if it did not exist.
+
+        When this returns, the name is free: a produce creates a new, empty topic.
+        """
+        deadline = time.monotonic() + _BUSY_WAIT_S
+        while True:
+            with self._lock:
+                busy = self._busy.get(name)
+                if busy is None:
+                    if name not in self._known or self._closed:
+                        return False
+                    topic = self._known.pop(name)
+                    self._open.pop(name, None)
+                    self._snapshots.pop(name, None)
+                    busy = self._busy[name] = threading.Event()
+                    break
+            if not busy.wait(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"topic {name!r} stayed busy (opening, closing or deleting) for too long")
+        try:
+            if topic is not None:
+                topic.deleted = True
+                topic.queue.close()  # appends in flight finish first; later ones fail
+                with topic.cond:
+                    topic.cond.notify_all()
+            self._discard(os.path.join(self.data_dir, name))
+        finally:
+            self._release(name, busy)
         log.info("deleted topic %r", name)
         return True
 
+    def _discard(self, path: str) -> None:
+        """Move a topic directory out of the way at once and remove it in the background."""
+        trash = os.path.join(self.data_dir, TRASH_PREFIX + uuid.uuid4().hex)
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("cannot rename %s to %s (%s): removing it in place", path, trash, exc)
+            shutil.rmtree(path, ignore_errors=True)
+            if os.path.exists(path):
+                raise
+            return
+        thread = threading.Thread(target=self._remove_trash, args=(trash,), name="luxun-trash", daemon=True)
+        thread.start()
+        self._trash_threads = [t for t in self._trash_threads if t.is_alive()] + [thread]
+
+    @staticmethod
+    def _remove_trash(trash: str) -> None:
+        for attempt in range(50):
+            shutil.rmtree(trash, ignore_errors=True)
+            if not os.path.exists(trash):
+                return
+            time.sleep(0.1 * (attempt + 1))  # e.g. too many open files just now
+        log.warning("could not remove %s; it is removed at the next start", trash)
+
+    # -- listing -----------------------------------------------------------------------
     def topics(self) -> list[Topic]:
-        """All topics, sorted by name."""
+        """The open topics, sorted by name."""
         with self._lock:
-            return [self._topics[k] for k in sorted(self._topics)]
+            return [self._open[k] for k in sorted(self._open)]
+
+    def names(self) -> list[str]:
+        """Every topic's name, open or not, sorted."""
+        with self._lock:
+            return sorted(self._known)
+
+    def count(self) -> int:
+        """How many topics exist."""
+        return len(self._known)
 
     def __iter__(self) -> Iterator[Topic]:
         return iter(self.topics())
 
+    def views(self) -> list[Any]:
+        """Every topic for the metrics, sorted by name: open ones live, the others from
+        sizes cached when they were closed (or read once from their files)."""
+        with self._lock:
+            known = dict(self._known)
+            opened = dict(self._open)
+            cached = dict(self._snapshots)
+        out: list[Any] = []
+        for name in sorted(known):
+            if name in opened:
+                out.append(opened[name])
+                continue
+            view = cached.get(name)
+            if view is None:
+                topic = known[name]
+                stats = topic.stats if topic is not None else TopicStats()
+                view = TopicView(name, stats, QueueSnapshot(os.path.join(self.data_dir, name)))
+                with self._lock:
+                    if name in self._known and name not in self._open:
+                        self._snapshots[name] = view
+            out.append(view)
+        return out
+
+    # -- long polls --------------------------------------------------------------------
     def wait_for(self, name: str, ready: Callable[[Topic | None], bool], timeout_s: float) -> Topic | None:
-        """Wait up to ``timeout_s`` until ``ready(topic)`` is true; return the topic.
+        """Wait up to ``timeout_s`` until ``ready(topic)`` is true; return the topic
+        (None if it does not exist or was deleted).
 
         ``ready`` is evaluated under the topic's condition, so a produce between the
-        check and the wait is never missed.
+        check and the wait is never missed. A waiting topic is never closed to make room.
         """
         deadline = time.monotonic() + timeout_s
         while True:
-            topic = self._topics.get(name)
+            topic = self.get(name) or self.open(name)
             if topic is None:
                 with self.created:
-                    topic = self._topics.get(name)
-                    if topic is None:
-                        if ready(None) or self._closed:
-                            return None
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            return None
-                        self.created.wait(remaining)
+                    if name in self._open or name in self._busy:
                         continue
+                    if ready(None) or self._closed:
+                        return None
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    self.created.wait(remaining)
+                    continue
             with topic.cond:
-                if ready(topic) or self._closed or topic.queue.closed:
-                    return topic
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return topic
                 topic.waiters += 1
                 try:
+                    try:
+                        if ready(topic) or self._closed or topic.deleted:
+                            return None if topic.deleted else topic
+                    except ArrayClosedError:
+                        if topic.deleted or self._closed:
+                            return None
+                        continue  # closed to make room just before we registered: reopen
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return topic
                     topic.cond.wait(remaining)
                 finally:
                     topic.waiters -= 1
-            if ready(topic) or time.monotonic() >= deadline or topic.queue.closed:
+            if topic.deleted:
+                return None
+            if time.monotonic() >= deadline:
                 return topic
 
     def wake_all(self) -> None:
         """Wake every waiting consumer (used at shutdown)."""
         with self.created:
             self.created.notify_all()
-        for topic in self.topics():
+        with self._lock:
+            topics = [t for t in self._known.values() if t is not None]
+        for topic in topics:
             with topic.cond:
                 topic.cond.notify_all()
 
     def flush(self) -> None:
-        """msync every topic."""
+        """msync every open topic."""
         for topic in self.topics():
             with contextlib.suppress(Exception):
                 topic.queue.flush()
@@ -229,15 +654,37 @@ class TopicManager:
             if self._closed:
                 return
             self._closed = True
-            topics = list(self._topics.values())
-            self._topics.clear()
+            topics = list(self._open.values())
+            self._open.clear()
         self.wake_all()
         for topic in topics:
             try:
                 topic.queue.close()
             except Exception:
                 log.exception("closing topic %r failed", topic.name)
+        for thread in self._trash_threads:
+            thread.join(10)
         with contextlib.suppress(OSError):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)
+
+
+def is_fd_exhaustion(exc: BaseException) -> bool:
+    """True for "too many open files" (per process or system wide)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+
+
+__all__ = [
+    "LOCK_FILE",
+    "RESERVED_PREFIX",
+    "TRASH_PREFIX",
+    "DataDirLockedError",
+    "QueueSnapshot",
+    "Topic",
+    "TopicAutoCreateDisabledError",
+    "TopicLimitError",
+    "TopicManager",
+    "TopicView",
+    "is_fd_exhaustion",
+]

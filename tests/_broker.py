@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,16 @@ def free_port() -> int:
 class BrokerProcess:
     """``python -m luxun.cli serve`` in a subprocess; its stderr goes to a log file."""
 
-    def __init__(self, data_dir: Path, log_path: Path, *extra: str, metrics: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        *extra: str,
+        metrics: bool = False,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.preexec_fn = preexec_fn  # run in the child before exec (e.g. resource limits)
         self.log_path = log_path
         self.extra = list(extra)
         self.port = free_port()
@@ -48,7 +57,7 @@ class BrokerProcess:
             *self.extra,
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, preexec_fn=self.preexec_fn)
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -188,7 +188,8 @@ def test_defaults() -> None:
 
 def test_known_keys_are_designs_list_plus_ours() -> None:
     assert JAVA_KEYS == DESIGN_KEYS
-    assert {"host", "metrics.host", "metrics.port"} == OUR_KEYS
+    topic_keys = {"auto.create.topics.enable", "max.topics", "max.open.topics"}
+    assert {"host", "metrics.host", "metrics.port", *topic_keys} == OUR_KEYS
     assert KNOWN_KEYS == DESIGN_KEYS | OUR_KEYS
     assert UNUSED_KEYS <= JAVA_KEYS
 
