@@ -58,6 +58,10 @@ class Metrics:
         self.connections_total = 0
         self.connections_refused = 0
         self.bad_frames = 0
+        self.accept_failures = 0
+        self.input_buffer_bytes = 0
+        self.input_buffer_waits = 0
+        self.input_buffer_closed = 0
         self.started = time.time()
 
     def observe(self, call: str, seconds: float, error_code: int | None, count: int = 1) -> None:
@@ -103,10 +107,22 @@ class Metrics:
         out.append(f"luxun_connections_open {self.connections_open}")
         family("luxun_connections_total", "counter", "Client connections accepted.")
         out.append(f"luxun_connections_total {self.connections_total}")
-        family("luxun_connections_refused_total", "counter", "Connections refused over the connection limit.")
+        family(
+            "luxun_connections_refused_total",
+            "counter",
+            "Connections closed at once: over the connection limit, or out of file descriptors.",
+        )
         out.append(f"luxun_connections_refused_total {self.connections_refused}")
         family("luxun_bad_frames_total", "counter", "Connections closed for a malformed or oversized frame.")
         out.append(f"luxun_bad_frames_total {self.bad_frames}")
+        family("luxun_accept_failures_total", "counter", "accept() calls that failed (e.g. out of file descriptors).")
+        out.append(f"luxun_accept_failures_total {self.accept_failures}")
+        family("luxun_input_buffer_bytes", "gauge", "Receive buffer bytes held by connections (the input budget used).")
+        out.append(f"luxun_input_buffer_bytes {self.input_buffer_bytes}")
+        family("luxun_input_buffer_waits_total", "counter", "Times a connection stopped reading for the input budget.")
+        out.append(f"luxun_input_buffer_waits_total {self.input_buffer_waits}")
+        family("luxun_input_buffer_closed_total", "counter", "Connections closed because the input budget stayed full.")
+        out.append(f"luxun_input_buffer_closed_total {self.input_buffer_closed}")
 
         rows = [_topic_row(t) for t in topics]
         per_topic = (
