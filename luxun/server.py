@@ -79,6 +79,9 @@ _KEEP_BUFFER = 1 << 20
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _ACCEPT_BACKOFF_MIN_S = 0.01
 _ACCEPT_BACKOFF_MAX_S = 1.0
+# What a reserve descriptor made from a refused connection's points to (stderr: always
+# open in a broker; if not, the reserve is opened anew).
+_RESERVE_SOURCE_FD = 2
 _THREAD_STACK_BYTES = 512 * 1024
 _MAX_DEPTH = 32
 # A batch of received asyncProduce calls is appended at this size at the latest.
@@ -423,9 +426,16 @@ class ThriftServer:
         self._reserve_fd = _open_reserve_fd()
         if self._reserve_fd is not None:
             return sock, peer
-        sock.close()
+        # Still out of descriptors: close the connection but keep its descriptor as the
+        # new reserve (dup2 swaps it in one step: no other thread can take it meanwhile).
+        fd = sock.detach()
+        try:
+            os.dup2(_RESERVE_SOURCE_FD, fd, inheritable=False)
+            self._reserve_fd = fd
+        except OSError:
+            os.close(fd)
+            self._reserve_fd = _open_reserve_fd()
         self.metrics.connections_refused += 1
-        self._reserve_fd = _open_reserve_fd()
         return True
 
     def _start_connection(self, sock: socket.socket, peer: Any, old_stack: int) -> None:

@@ -141,7 +141,8 @@ def test_announced_frames_take_memory_only_as_their_bytes_arrive(broker: Any, cl
 def test_out_of_file_descriptors_backs_off(broker_factory: Any) -> None:
     """The broker's open-files limit lowered to what it uses + 16, connections opened
     until one is refused, then a new connection every 20 ms for 3 s: accept() fails
-    with EMFILE all along (before the fix: ~450,000 log lines and a full core).
+    with EMFILE all along (before the fix: ~450,000 log lines and a full core), and a
+    connection to the metrics port waits too (before: ~0.7 core spent in its loop).
     The broker logs a few lines (not one per failure), uses well under a core, closes
     the connections it cannot take at once (no client hangs), counts the failures,
     and serves again when the held connections close."""
@@ -178,10 +179,16 @@ def test_out_of_file_descriptors_backs_off(broker_factory: Any) -> None:
             time.sleep(0.02)
         cpu = cpu_seconds(pid) - cpu0
         elapsed = time.monotonic() - t0
+        # A connection to the metrics HTTP server waits too (before: it spun on its own).
+        held.append(socket.create_connection(("127.0.0.1", broker.metrics_port), timeout=5))
+        cpu1 = cpu_seconds(pid)
+        time.sleep(1.0)
+        metrics_cpu = cpu_seconds(pid) - cpu1
         lines = broker.log().splitlines()[log_lines_before:]
         assert len(lines) < 50, f"{len(lines)} log lines in {elapsed:.1f} s, e.g. {lines[-1][:200]!r}"
         assert cpu < 0.3 * elapsed, f"broker used {cpu:.2f} s of CPU in {elapsed:.1f} s while out of descriptors"
         assert refused_promptly == attempts, f"only {refused_promptly} of {attempts} connections closed promptly"
+        assert metrics_cpu < 0.3, f"broker used {metrics_cpu:.2f} s of CPU in 1 s with a metrics connection pending"
     finally:
         for s in held:
             s.close()
