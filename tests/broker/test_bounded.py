@@ -272,3 +272,19 @@ def test_input_budget_makes_connections_wait_then_closes_a_stuck_one(tmp_path: P
         server.stop()
         topics.close()
     assert server._budget.used == 0 == metrics.input_buffer_bytes
+
+
+def test_a_flood_of_bad_frames_logs_a_few_lines(broker: Any, client: Any) -> None:
+    """300 connections with an oversized frame header each: every one is closed and
+    counted, but the log gets a few lines, not one per connection (before: 300)."""
+    lines_before = len(broker.log().splitlines())
+    for _ in range(300):
+        with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
+            s.sendall(struct.pack(">i", 2**31 - 1))
+            s.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):
+                assert s.recv(1) == b""
+    lines = broker.log().splitlines()[lines_before:]
+    assert 1 <= len(lines) < 10, lines[:20]
+    assert "frame of 2147483647 bytes" in lines[0]
+    check_normal_client(client, "still", 3)
