@@ -35,7 +35,7 @@ from .errors import (
     IndexOutOfRangeError,
     ItemTooLargeError,
 )
-from .page import DEFAULT_MAX_CACHED_PAGES, DEFAULT_PAGE_TTL_S, MappedPage, PageFactory
+from .page import DEFAULT_MAX_CACHED_PAGES, DEFAULT_PAGE_TTL_S, DEFAULT_RESERVE_STEP, MappedPage, PageFactory
 from .prefetch import PREFETCHER
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ class BigArray:
         recovery_check_items: items below head checked on open.
         prefetch: read the next page files into the page cache in a background
             thread before the writer reaches them (see :mod:`bigarray.prefetch`).
+        reserve_step: largest step, in bytes (a multiple of 4096), by which disk space
+            is reserved ahead of the writer in index and data pages (see
+            :mod:`bigarray.page`); page files are sparse until reserved.
 
     Raises:
         ArrayLockedError: another process or object has the directory open.
@@ -93,6 +96,7 @@ class BigArray:
         clock: Callable[[], int] = now_ms,
         recovery_check_items: int = DEFAULT_RECOVERY_CHECK_ITEMS,
         prefetch: bool = True,
+        reserve_step: int = DEFAULT_RESERVE_STEP,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self._prefetch = prefetch
@@ -125,12 +129,14 @@ class BigArray:
                 max_cached_pages=max_cached_pages,
                 ttl_s=page_ttl_s,
                 dtype=fmt.INDEX_DTYPE,
+                reserve_step=reserve_step,
             )
             self._data = PageFactory(
                 os.path.join(self.path, fmt.DATA_DIR),
                 self.data_page_size,
                 max_cached_pages=max_cached_pages,
                 ttl_s=page_ttl_s,
+                reserve_step=reserve_step,
             )
             self._meta = PageFactory(os.path.join(self.path, fmt.META_DIR), fmt.META_PAGE_SIZE, max_cached_pages=1)
             self._meta_page = self._meta.acquire(0, create=True)
@@ -142,10 +148,13 @@ class BigArray:
             self._head: int = head
             self._tail: int = tail
             self._closed = False
-            # Writer state: pinned head pages (mapped lazily on the first append).
+            # Writer state: pinned head pages (mapped lazily on the first append), and
+            # how far each is reserved on disk (data: bytes; index: slots).
             self._data_page: MappedPage | None = None
+            self._data_room = 0
             self._prefetch_next_at = fmt.MAX_DATA_PAGE_SIZE
             self._index_page: MappedPage | None = None
+            self._index_room = 0
             self._last_ts = 1  # timestamps are >= 1: a zero index record was never written
             self._recover(recovery_check_items)
             self._data_page_no, self._data_off = self._derive_write_position()
@@ -199,19 +208,19 @@ class BigArray:
             if n > self.data_page_size:
                 raise ItemTooLargeError(n, self.data_page_size)
             page = self._data_page
-            if page is None or self._data_off + n > self.data_page_size:
-                page = self._room_for(n)
+            if page is None or self._data_off + n > self._data_room:
+                page = self._room_for(n)  # a new page, or more reserved disk space
             off = self._data_off
             page.mm[off : off + n] = item
             idx = self._head
+            slot = idx & fmt.INDEX_SLOT_MASK
             ipage = self._index_page
-            if ipage is None or ipage.page_no != idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS:
-                ipage = self._switch_index_page(idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
+            if ipage is None or ipage.page_no != idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS or slot >= self._index_room:
+                ipage = self._index_room_for(idx, 1)
             ts = self._clock()
             if ts < self._last_ts:
                 ts = self._last_ts
             self._last_ts = ts
-            slot = idx & fmt.INDEX_SLOT_MASK
             _INDEX_ITEM.pack_into(ipage.mm, slot * fmt.INDEX_ITEM_SIZE, page.page_no, off, n, ts)
             if slot == _INDEX_PREFETCH_SLOT and self._prefetch:
                 self._prefetch_index_page(ipage.page_no + 1)
@@ -258,11 +267,11 @@ class BigArray:
                 idx, k = first, 0
                 while k < count:
                     page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
-                    ipage = self._index_page
-                    if ipage is None or ipage.page_no != page_no:
-                        ipage = self._switch_index_page(page_no)
                     slot = idx & fmt.INDEX_SLOT_MASK
                     m = min(count - k, fmt.INDEX_ITEMS_PER_PAGE - slot)
+                    ipage = self._index_page
+                    if ipage is None or ipage.page_no != page_no or slot + m > self._index_room:
+                        ipage = self._index_room_for(idx, m)
                     assert ipage.view is not None
                     ipage.view[slot : slot + m] = records[k : k + m]
                     if slot <= _INDEX_PREFETCH_SLOT < slot + m and self._prefetch:
@@ -298,6 +307,8 @@ class BigArray:
                 continue
             off = self._data_off
             chunk = int(ends[j - 1]) - base
+            if off + chunk > self._data_room:
+                page = self._room_for(chunk)  # reserves disk space for the whole chunk
             page.mm[off : off + chunk] = b"".join(batch if (i == 0 and j == count) else batch[i:j])
             records["page"][i:j] = page.page_no
             records["offset"][i:j] = ends[i:j] - lengths[i:j] + (off - base)
@@ -311,6 +322,7 @@ class BigArray:
         if self._data_page is not None and self._data_page.page_no != page_no:
             self._data.release(self._data_page)
             self._data_page = None
+            self._data_room = 0
         self._data_page_no, self._data_off = page_no, offset
 
     # -- reading -----------------------------------------------------------------------
@@ -591,8 +603,14 @@ class BigArray:
                 self.remove_before_index(tail + keep)
 
     def back_file_size(self) -> int:
-        """Bytes taken by the index and data page files."""
+        """Bytes of the index and data page files (their sizes, as Java's
+        ``getBackFileSize``: a whole page each, however little of it is on disk)."""
         return self._index.total_file_size() + self._data.total_file_size()
+
+    def allocated_size(self) -> int:
+        """Disk space the index and data page files take (allocated blocks), in bytes:
+        what the array holds plus its reservations ahead of the writer."""
+        return self._index.allocated_size() + self._data.allocated_size()
 
     # -- lifecycle ---------------------------------------------------------------------
     def flush(self) -> None:
@@ -713,24 +731,46 @@ class BigArray:
             self._index.release(page)
 
     def _room_for(self, n: int) -> MappedPage:
-        """Make the head data page one with ``n`` free bytes, rolling to a new page."""
+        """Make the head data page one with ``n`` free bytes reserved on disk at the
+        write position, rolling to a new page when the current one has no room.
+
+        Raises:
+            DiskFullError: the space could not be reserved (nothing was written).
+        """
+        self._data_room = 0  # until reserved below: a failure leaves no stale room
         if self._data_page is None:
-            self._data_page = self._data.acquire(self._data_page_no, create=True)
+            self._data_page = self._data.acquire(self._data_page_no, create=True, reserve=self._data_off + n)
             if self._prefetch:
                 PREFETCHER.prefetch(self._data.page_path(self._data_page_no), self.data_page_size, self._data_off)
             self._prefetch_next_at = self._prefetch_threshold()
         if self._data_off + n > self.data_page_size:
-            new_page = self._data.acquire(self._data_page_no + 1, create=True)
+            new_page = self._data.acquire(self._data_page_no + 1, create=True, reserve=n)
             self._data.release(self._data_page)
             self._data_page = new_page
             self._data_page_no += 1
             self._data_off = 0
             self._prefetch_next_at = self._prefetch_threshold()
+        self._data.reserve(self._data_page, self._data_off + n)
+        self._data_room = self._data_page.reserved
         return self._data_page
 
+    def _index_room_for(self, idx: int, m: int) -> MappedPage:
+        """Make the head index page the one of ``idx``, with its slots up to
+        ``idx + m`` (in that page) reserved on disk."""
+        page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
+        end = ((idx & fmt.INDEX_SLOT_MASK) + m) * fmt.INDEX_ITEM_SIZE
+        self._index_room = 0  # until reserved below: a failure leaves no stale room
+        ipage = self._index_page
+        if ipage is None or ipage.page_no != page_no:
+            ipage = self._switch_index_page(page_no, end)
+        self._index.reserve(ipage, end)
+        self._index_room = ipage.reserved // fmt.INDEX_ITEM_SIZE
+        return ipage
+
     def _prefetch_index_page(self, page_no: int) -> None:
-        """The writer passed half of its index page: allocate and read ahead the next."""
-        PREFETCHER.prefetch(self._index.page_path(page_no), fmt.INDEX_PAGE_SIZE)
+        """The writer passed half of its index page: create the next (sparse, its
+        first step reserved) and read it ahead."""
+        PREFETCHER.prefetch(self._index.page_path(page_no), fmt.INDEX_PAGE_SIZE, reserve=self._index.first_step)
 
     def _prefetch_threshold(self) -> int:
         """Offset in a data page past which the next page is read ahead: an eighth of
@@ -739,12 +779,15 @@ class BigArray:
         return self.data_page_size // 8 if self._prefetch else self.data_page_size
 
     def _prefetch_next_page(self) -> None:
-        """The writer passed the threshold of its page: allocate and read ahead the next."""
+        """The writer passed the threshold of its page: create the next (sparse, its
+        first step reserved) and read it ahead."""
         self._prefetch_next_at = self.data_page_size
-        PREFETCHER.prefetch(self._data.page_path(self._data_page_no + 1), self.data_page_size)
+        PREFETCHER.prefetch(
+            self._data.page_path(self._data_page_no + 1), self.data_page_size, reserve=self._data.first_step
+        )
 
-    def _switch_index_page(self, page_no: int) -> MappedPage:
-        new_page = self._index.acquire(page_no, create=True)
+    def _switch_index_page(self, page_no: int, reserve: int) -> MappedPage:
+        new_page = self._index.acquire(page_no, create=True, reserve=reserve)
         if self._index_page is not None:
             self._index.release(self._index_page)
         else:

@@ -10,7 +10,7 @@
     ├── ItemTooLargeError         an item larger than a data page
     ├── InvalidNameError          a bad group (or topic) name
     ├── CorruptArrayError         on-disk state that cannot be recovered automatically
-    └── DiskFullError             no space (or file size limit) when a page was allocated
+    └── DiskFullError             no space (or file size limit) for a new page or a reservation step
 
 Each error has a ``retriable`` flag: True when trying the same call later can succeed.
 """
@@ -68,7 +68,10 @@ class CorruptArrayError(BigArrayError):
 
 
 class DiskFullError(BigArrayError, OSError):
-    """A page file could not be allocated: the disk (or the file size limit) is full.
+    """A page file could not be made, or disk space not reserved ahead of the writer:
+    the disk (or the file size limit) is full. Raised before any byte lands in
+    unreserved space (a write there would be a SIGBUS); the failed append is not
+    committed (head does not move).
 
     Nothing already appended is lost; appends can resume once space is freed.
     """

@@ -319,6 +319,10 @@ class FanoutQueue:
         """See :meth:`BigArray.back_file_size`."""
         return self.array.back_file_size()
 
+    def allocated_size(self) -> int:
+        """See :meth:`BigArray.allocated_size`."""
+        return self.array.allocated_size()
+
     def cleanup(self) -> None:
         """Delete what every group has read: move tail to the slowest group's position.
 

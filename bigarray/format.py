@@ -22,7 +22,24 @@ dirty mapped pages). Nothing is rebuilt from scratch: on open, the items just be
 head are checked (index page present, data page present, offset and length inside the
 page, items laid out back to back) and head is rolled back to the last valid item.
 The writer's position (data page and offset) is derived from the item at head - 1.
-Page files are pre-allocated to their full size before they are mapped.
+
+Disk space (see :mod:`bigarray.page`): every page file has its full size (data pages
+``data_page_size``, index pages 4 MiB) from the moment it is created, so any mapping of
+it, ours or Java's ``FileChannel.map(READ_WRITE, 0, pageSize)``, sees the whole page.
+Index and data page files are created *sparse* (``ftruncate``) and blocks are reserved
+(``posix_fallocate``) in steps ahead of the writer: before an append copies a byte past
+the reserved end of its page, the page is reserved up to past that byte (256 KiB
+first, then doubling what the page holds, at most ``reserve_step``, 4 MiB by default).
+The read-ahead of the next data page (when the writer passes an eighth of its page)
+and of the next index page (half way) creates that page sparse and reserves its first
+step only. A full disk therefore raises ``DiskFullError`` from a reservation, before
+any byte lands in unreserved space (which would be a SIGBUS), at a step boundary
+inside a page or when a page is created. A topic holding a few small items takes about
+half a MiB (two first steps plus the 4 KiB meta and group pages), a busy one what it
+holds plus at most one step ahead in its index and data pages and the first step of
+the next data page. The meta and group pages are
+allocated whole when created. Holes read as zeros, for bigqueue too; a page written by
+Java (sparse as well on JDK 11+, or fully allocated) is read and appended to as it is.
 """
 
 from __future__ import annotations

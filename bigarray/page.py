@@ -7,7 +7,20 @@ page in use is never unmapped: a page the cache evicts while in use is unmapped 
 its last user releases it. The number of mapped pages is therefore at most
 ``max_cached_pages`` plus the pages in use at that moment.
 
-Thread-safety: all methods may be called from any thread.
+Disk space. A factory made with ``reserve_step`` (the index and data pages of an
+array) creates each page file *sparse* at its full size (``ftruncate``): every mapping,
+ours or Java bigqueue's, sees the whole page, but the file takes no disk blocks yet.
+Space is then reserved with ``posix_fallocate`` in steps ahead of the writer
+(:meth:`PageFactory.reserve`): the writer asks for room before it copies a byte, the
+reservation grows geometrically (the first step is ``FIRST_RESERVE_STEP``, each next
+one doubles what the page holds, up to ``reserve_step``), and a step that cannot be
+allocated raises :class:`DiskFullError` before anything lands in it. Writing through a
+mapping into a hole of a full file system would be a SIGBUS; into a reserved range it
+never is. A factory without ``reserve_step`` (the tiny meta and group pages) allocates
+each new page whole when it creates it.
+
+Thread-safety: all methods may be called from any thread; :meth:`PageFactory.reserve`
+of one page by one writer at a time (the array's lock).
 """
 
 from __future__ import annotations
@@ -34,6 +47,21 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_CACHED_PAGES = 8
 #: Default idle time after which a page is unmapped, in seconds.
 DEFAULT_PAGE_TTL_S = 10.0
+#: Default largest reservation step (posix_fallocate) of index and data pages. Measured
+#: on ext4 here: 7.7 us per call for 1 MiB steps, 10 us for 4 MiB ones, so at 4 MiB the
+#: reservations cost ~2.6 us per MiB written (well under 1% of copying it).
+DEFAULT_RESERVE_STEP = 4 * 1024 * 1024
+#: The first reservation of a page (capped by ``reserve_step``): what a page holding a
+#: few small items takes on disk.
+FIRST_RESERVE_STEP = 256 * 1024
+#: Reservations are whole multiples of this (the usual file system block and memory page).
+RESERVE_ALIGN = 4096
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_NO_FALLOCATE_ERRNOS = (errno.EOPNOTSUPP, errno.EINVAL)
+
+
+def _round_up(n: int, align: int) -> int:
+    return -(-n // align) * align
 
 
 class MappedPage:
@@ -43,10 +71,14 @@ class MappedPage:
     (``PageFactory.acquire``/``release``) while they use ``mm`` or ``view``.
     """
 
-    __slots__ = ("cached", "mm", "page_no", "path", "refs", "touched", "view")
+    __slots__ = ("cached", "mm", "page_no", "path", "refs", "reserved", "touched", "view")
 
-    def __init__(self, page_no: int, path: str, mm: mmap.mmap, view: np.ndarray[Any, Any] | None) -> None:
+    def __init__(
+        self, page_no: int, path: str, mm: mmap.mmap, view: np.ndarray[Any, Any] | None, reserved: int
+    ) -> None:
         self.page_no = page_no
+        #: Bytes from the start of the page known to be allocated on disk (see reserve).
+        self.reserved = reserved
         self.path = path
         self.mm = mm
         self.view = view
@@ -99,8 +131,10 @@ class PageFactory:
         max_cached_pages: idle pages kept mapped (the LRU bound).
         ttl_s: a page not used for this long is unmapped.
         dtype: if given, every page also gets a numpy view of this dtype.
-        preallocate: create new page files at full size with ``posix_fallocate``
-            (so a full disk fails here, never as SIGBUS on a later write).
+        reserve_step: None: a new page file is allocated whole (``posix_fallocate``)
+            when it is created. A number of bytes: new page files are created sparse at
+            full size and space is reserved in steps of at most this many bytes by
+            :meth:`reserve` (a multiple of 4096).
     """
 
     def __init__(
@@ -111,20 +145,29 @@ class PageFactory:
         max_cached_pages: int = DEFAULT_MAX_CACHED_PAGES,
         ttl_s: float = DEFAULT_PAGE_TTL_S,
         dtype: np.dtype[Any] | None = None,
-        preallocate: bool = True,
+        reserve_step: int | None = None,
     ) -> None:
         if max_cached_pages < 1:
             raise ValueError(f"max_cached_pages must be >= 1, got {max_cached_pages}")
+        if reserve_step is not None and (reserve_step < RESERVE_ALIGN or reserve_step % RESERVE_ALIGN):
+            raise ValueError(f"reserve_step must be a positive multiple of {RESERVE_ALIGN}, got {reserve_step}")
         self.folder = folder
         self.page_size = page_size
         self._dtype = dtype
-        self._preallocate = preallocate
+        self._step = reserve_step
+        self._first_step = min(reserve_step or page_size, FIRST_RESERVE_STEP)
         self._lock = threading.Lock()
         self._mapped: dict[int, MappedPage] = {}
         self._closed = False
         self._cache = _PageCache(max_cached_pages, ttl_s, self._evicted)
         self._touch_interval_s = min(ttl_s / 8, 0.05)
         os.makedirs(folder, exist_ok=True)
+
+    @property
+    def first_step(self) -> int:
+        """Bytes a page's first reservation takes (what a new, nearly empty page holds
+        on disk)."""
+        return self._first_step
 
     # -- paths and files -------------------------------------------------------------
     def page_path(self, page_no: int) -> str:
@@ -153,6 +196,16 @@ class PageFactory:
         except FileNotFoundError:
             return -1
 
+    def allocated_size(self) -> int:
+        """Disk space taken by the page files in the folder (``st_blocks``), in bytes."""
+        total = 0
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.folder) as it:
+            for entry in it:
+                if parse_page_file_name(entry.name) is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        total += entry.stat().st_blocks * 512
+        return total
+
     def total_file_size(self) -> int:
         """Summed size of all page files in the folder, in bytes."""
         total = 0
@@ -164,13 +217,17 @@ class PageFactory:
         return total
 
     # -- mapping -----------------------------------------------------------------------
-    def acquire(self, page_no: int, *, create: bool = False) -> MappedPage:
+    def acquire(self, page_no: int, *, create: bool = False, reserve: int = 0) -> MappedPage:
         """Map page ``page_no`` (or reuse its mapping) and take a reference to it.
+
+        With ``reserve``, the first ``reserve`` bytes of a page file this call creates
+        are reserved on disk (see :meth:`reserve`) before it is mapped; if that fails,
+        the new file is removed again. (For a page that exists, call :meth:`reserve`.)
 
         Raises:
             FileNotFoundError: the page file does not exist and ``create`` is False.
             ArrayClosedError: the factory was closed.
-            DiskFullError: a new page file could not be allocated.
+            DiskFullError: a new page file could not be made or reserved.
         """
         now = time.monotonic()
         with self._lock:
@@ -178,7 +235,7 @@ class PageFactory:
                 raise ArrayClosedError(f"pages in {self.folder} are closed")
             page = self._mapped.get(page_no)
             if page is None:
-                page = self._map(page_no, create)
+                page = self._map(page_no, create, reserve)
                 self._mapped[page_no] = page
             page.refs += 1
             # (Re)inserting refreshes both the LRU order and the idle deadline; for a
@@ -195,6 +252,52 @@ class PageFactory:
             page.refs -= 1
             if page.refs == 0 and not page.cached:
                 self._unmap(page)
+
+    def reserve(self, page: MappedPage, end: int) -> None:
+        """Make sure bytes [0, ``end``) of ``page`` are allocated on disk before anyone
+        writes them. Beyond ``end`` one more step is reserved: the step is what the page
+        already holds (doubling it), at least FIRST_RESERVE_STEP and at most
+        ``reserve_step``, rounded to 4096 and capped by the page size. A no-op (one
+        comparison) when ``end`` is already reserved, and for factories that allocate
+        whole pages.
+
+        Called by the page's only writer (the array's lock held), not with the factory
+        lock: other threads keep mapping pages while the file system allocates.
+
+        Raises:
+            DiskFullError: the file system (or the file size limit) has no room; the
+                page is left as it was, its reserved bytes still usable.
+        """
+        if end <= page.reserved:
+            return
+        fd = os.open(page.path, os.O_RDWR)
+        try:
+            self._reserve_fd(page, fd, end)
+        finally:
+            os.close(fd)
+
+    def _reserve_target(self, reserved: int, end: int) -> int:
+        assert self._step is not None
+        ahead = min(max(reserved, self._first_step), self._step)
+        return min(self.page_size, _round_up(max(end, reserved + ahead), RESERVE_ALIGN))
+
+    def _reserve_fd(self, page: MappedPage, fd: int, end: int) -> None:
+        page.reserved = self._reserve_range(fd, page.path, page.reserved, end)
+
+    def _reserve_range(self, fd: int, path: str, start: int, end: int) -> int:
+        """Allocate from ``start`` (reserved so far) to past ``end``; the new reserved end."""
+        target = self._reserve_target(start, end)
+        try:
+            os.posix_fallocate(fd, start, target - start)
+        except OSError as exc:
+            if exc.errno in _NO_FALLOCATE_ERRNOS:
+                return self.page_size  # a file system without fallocate: nothing to reserve with
+            if exc.errno in _DISK_FULL_ERRNOS:
+                raise DiskFullError(
+                    exc.errno, f"cannot reserve bytes {start}..{target} of page file {path}: {exc.strerror}"
+                ) from exc
+            raise
+        return target
 
     @contextlib.contextmanager
     def using(self, page_no: int) -> Iterator[MappedPage]:
@@ -271,36 +374,47 @@ class PageFactory:
             del self._mapped[page.page_no]
         page.close()
 
-    def _map(self, page_no: int, create: bool) -> MappedPage:
+    def _map(self, page_no: int, create: bool, reserve: int) -> MappedPage:
         path = self.page_path(page_no)
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         fd = os.open(path, flags, 0o644)
         try:
             size = os.fstat(fd).st_size
+            reserved = self.page_size if self._step is None else 0
             if size < self.page_size:
                 if not create:
                     log.warning("page file %s is %d bytes, shorter than %d: extending", path, size, self.page_size)
-                self._allocate(fd, path, size)
+                self._extend(fd, path, size)
+            if reserve and self._step is not None:
+                try:
+                    reserved = self._reserve_range(fd, path, 0, reserve)
+                except BaseException:
+                    if size == 0:  # leave no page file behind that this call made
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
+                    raise
             mm = mmap.mmap(fd, self.page_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         view = np.frombuffer(mm, dtype=self._dtype) if self._dtype is not None else None
-        return MappedPage(page_no, path, mm, view)
+        return MappedPage(page_no, path, mm, view, reserved)
 
-    def _allocate(self, fd: int, path: str, size: int) -> None:
+    def _extend(self, fd: int, path: str, size: int) -> None:
+        """Bring a page file to its full size: sparse (stepped factories; the space
+        comes from reserve) or allocated whole."""
         try:
-            if self._preallocate:
+            if self._step is None:
                 try:
                     os.posix_fallocate(fd, size, self.page_size - size)
                 except OSError as exc:
-                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    if exc.errno not in _NO_FALLOCATE_ERRNOS:
                         raise
                     os.ftruncate(fd, self.page_size)  # file system without fallocate
             else:
                 os.ftruncate(fd, self.page_size)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                # Leave no half-allocated page behind: a new file is removed again.
+            if exc.errno in _DISK_FULL_ERRNOS:
+                # Leave no half-made page behind: a new file is removed again.
                 if size == 0:
                     with contextlib.suppress(OSError):
                         os.unlink(path)

@@ -7,9 +7,13 @@ brings it into the page cache *clean* (nothing extra is written to disk), and it
 releases the GIL, so a daemon thread does it on another core while the writer goes
 on; the writer's later faults are then minor (3-12 GB/s measured).
 
-The prefetcher only reads. A page it is still reading can be written at the same time
-without harm, so nobody ever waits for it. If allocation fails (full disk) it gives up
-quietly: the writer's own allocation then raises ``DiskFullError`` as usual.
+The prefetcher reads, and for a page file that does not exist yet it creates it as the
+writer would: sparse at full size, with only its first reservation step allocated (see
+:mod:`bigarray.page`), so a read-ahead page of a quiet topic costs one step of disk, not
+a whole page. Reading the rest of a sparse page brings zeroed pages into the page cache
+and allocates nothing on disk. A page it is still reading can be written at the same
+time without harm, so nobody ever waits for it. If allocation fails (full disk) it
+gives up quietly: the writer's own reservation then raises ``DiskFullError`` as usual.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ class Prefetcher:
     """One daemon thread that creates, allocates and reads ahead page files."""
 
     def __init__(self) -> None:
-        self._jobs: queue.Queue[tuple[str, int, int]] = queue.Queue(maxsize=_MAX_PENDING)
+        self._jobs: queue.Queue[tuple[str, int, int, int | None]] = queue.Queue(maxsize=_MAX_PENDING)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._buf = bytearray(_CHUNK)
@@ -57,30 +61,30 @@ class Prefetcher:
         with self._idle:
             self._forgotten.discard(folder.rstrip(os.sep) + os.sep)
 
-    def prefetch(self, path: str, size: int, start: int = 0, *, create: bool = True) -> None:
-        """Ask for ``path`` (``size`` bytes) to be allocated and read from ``start``.
+    def prefetch(self, path: str, size: int, start: int = 0, *, reserve: int | None = None) -> None:
+        """Ask for ``path`` (``size`` bytes) to be read from ``start``.
 
-        Never blocks: when too many requests are pending, this one is dropped.
+        With ``reserve`` (bytes), a missing or short file is first created sparse at
+        ``size`` bytes and its first ``reserve`` bytes are allocated (posix_fallocate).
+        Without it, a missing file is left missing. Never blocks: when too many requests
+        are pending, this one is dropped.
         """
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="bigarray-prefetch", daemon=True)
                 self._thread.start()
         with contextlib.suppress(queue.Full):
-            self._jobs.put_nowait((path, size, start if not create else -1 - start))
+            self._jobs.put_nowait((path, size, start, reserve))
 
     def _run(self) -> None:
         while True:
-            path, size, start = self._jobs.get()
-            create = start < 0
-            if create:
-                start = -1 - start
+            path, size, start, reserve = self._jobs.get()
             with self._idle:
                 if any(path.startswith(prefix) for prefix in self._forgotten):
                     continue
                 self._current = path
             try:
-                self._populate(path, size, start, create)
+                self._populate(path, size, start, reserve)
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
                     log.debug("prefetch of %s failed: %s", path, exc)
@@ -92,11 +96,13 @@ class Prefetcher:
                         self._forgotten.clear()  # no queued job can refer to them any more
                     self._idle.notify_all()
 
-    def _populate(self, path: str, size: int, start: int, create: bool) -> None:
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    def _populate(self, path: str, size: int, start: int, reserve: int | None) -> None:
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if reserve is not None else 0), 0o644)
         try:
-            if create and os.fstat(fd).st_size < size:
-                os.posix_fallocate(fd, 0, size)
+            if reserve is not None and os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+                if reserve:
+                    os.posix_fallocate(fd, 0, min(reserve, size))
             buf = [self._buf]
             off = start - start % 4096
             while off < size and not self._cancel:

@@ -1,8 +1,15 @@
-"""One Thrift connection to one broker, with lazy connect and error translation.
+"""One Thrift connection to one broker, with lazy connect, timeouts and error translation.
 
-Thrift and socket errors become :class:`BrokerUnavailableError` (keeping the cause);
-a failed ``Result`` becomes the matching :class:`BrokerError`. After a transport error
-the connection is dropped and the next call reconnects.
+Thrift and socket errors become :class:`BrokerUnavailableError` (keeping the cause)
+with a one-line message naming the broker's host:port and what happened: connection
+refused, no answer within the timeout (e.g. a metrics port instead of the QueueService
+port), connection reset or closed during a call, an unknown method. A failed
+``Result`` becomes the matching :class:`BrokerError`. After a transport error the
+connection is dropped and the next call reconnects.
+
+Timeouts: ``connect_timeout_ms`` bounds establishing the TCP connection,
+``timeout_ms`` every later read and write of a call (None: no limit, e.g. for long
+polls that set their own bound).
 
 Thread-safety: not thread-safe; give each thread its own connection.
 """
@@ -10,12 +17,12 @@ Thread-safety: not thread-safe; give each thread its own connection.
 from __future__ import annotations
 
 import contextlib
+import socket
 from typing import Any
 
 from thriftpy2.protocol import TCyBinaryProtocolFactory
-from thriftpy2.rpc import make_client
-from thriftpy2.thrift import TApplicationException
-from thriftpy2.transport import TCyFramedTransportFactory, TTransportException
+from thriftpy2.thrift import TApplicationException, TClient
+from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
 
 from idl import QueueService
 from idl import luxun_thrift as T
@@ -23,6 +30,9 @@ from idl import luxun_thrift as T
 from .errors import BrokerUnavailableError, ClientClosedError, broker_error
 
 DEFAULT_PORT = 9092
+#: Defaults for tools (the ``luxun`` CLI): establishing a connection, then each call.
+DEFAULT_CONNECT_TIMEOUT_MS = 5_000
+DEFAULT_CALL_TIMEOUT_MS = 30_000
 
 
 def parse_broker(address: str) -> tuple[str, int]:
@@ -32,8 +42,8 @@ def parse_broker(address: str) -> tuple[str, int]:
         parts = parts[1:]
     if len(parts) == 1:
         return parts[0] or "127.0.0.1", DEFAULT_PORT
-    if len(parts) != 2 or not parts[1].isdigit():
-        raise ValueError(f"broker address {address!r} is not host:port or id:host:port")
+    if len(parts) != 2 or not parts[1].isdigit() or not 0 < int(parts[1]) <= 65535:
+        raise ValueError(f"broker address {address!r} is not host:port or id:host:port (port 1-65535)")
     return parts[0] or "127.0.0.1", int(parts[1])
 
 
@@ -47,41 +57,93 @@ def parse_broker_list(brokers: str | list[str] | tuple[str, ...]) -> list[str]:
 
 
 class BrokerConnection:
-    """A QueueService client for one broker ("host:port")."""
+    """A QueueService client for one broker ("host:port").
 
-    def __init__(self, address: str, *, timeout_ms: int | None = 30_000) -> None:
+    Args:
+        address: ``host:port``, ``id:host:port`` or ``host`` (port 9092).
+        timeout_ms: bound on each read/write of a call; None: no limit.
+        connect_timeout_ms: bound on establishing the connection; None: ``timeout_ms``.
+
+    Raises:
+        ValueError: a malformed address.
+    """
+
+    def __init__(self, address: str, *, timeout_ms: int | None = 30_000, connect_timeout_ms: int | None = None) -> None:
         self.address = address
         self.host, self.port = parse_broker(address)
         self.timeout_ms = timeout_ms
+        self.connect_timeout_ms = connect_timeout_ms
         self._client: Any = None
         self._closed = False
+        self._answered = False  # a call got its answer: the address is a broker's
+
+    @property
+    def where(self) -> str:
+        """``host:port`` as connected to (named in every error message)."""
+        return f"{self.host}:{self.port}"
 
     def _connect(self) -> Any:
         if self._closed:
             raise ClientClosedError(f"connection to {self.address} was closed")
         if self._client is None:
             try:
-                client = make_client(
-                    QueueService,
+                sock = TSocket(
                     self.host,
                     self.port,
-                    proto_factory=TCyBinaryProtocolFactory(),
-                    trans_factory=TCyFramedTransportFactory(),
-                    timeout=self.timeout_ms,  # type: ignore[arg-type]
+                    socket_timeout=self.timeout_ms,  # type: ignore[arg-type]  # None: no limit
+                    connect_timeout=self.connect_timeout_ms,
                 )
+                transport = TCyFramedTransportFactory().get_transport(sock)
+                transport.open()
+                client = TClient(QueueService, TCyBinaryProtocolFactory().get_protocol(transport))
             except (TTransportException, OSError) as exc:
-                raise BrokerUnavailableError(f"cannot connect to broker {self.address}: {exc}") from exc
+                cause = exc.__context__ if isinstance(exc, TTransportException) and exc.__context__ else exc
+                raise BrokerUnavailableError(f"cannot connect to broker {self.where}: {self._reason(cause)}") from cause
             self._client = client  # thriftpy2's TSocket sets TCP_NODELAY itself
         return self._client
 
+    def _reason(self, exc: BaseException, method: str | None = None) -> str:
+        """What happened, in words, for a connect (``method`` None) or a call."""
+        if isinstance(exc, TimeoutError | socket.timeout):
+            ms = self.timeout_ms if method else (self.connect_timeout_ms or self.timeout_ms)
+            within = f" within {ms / 1000:.1f} s" if ms else ""
+            if method is None:
+                return f"no answer{within}"
+            return f"no answer to {method}{within}{self._hint()}"
+        if isinstance(exc, ConnectionRefusedError):
+            return "connection refused (is a broker running there?)"
+        if isinstance(exc, socket.gaierror):
+            return f"unknown host ({exc.strerror or exc})"
+        if isinstance(exc, ConnectionResetError | BrokenPipeError):
+            return "the broker reset the connection"
+        if isinstance(exc, TTransportException) and exc.type == TTransportException.END_OF_FILE:
+            return f"the broker closed the connection{self._hint()}"
+        if isinstance(exc, TApplicationException) and exc.type == TApplicationException.UNKNOWN_METHOD:
+            return f"the broker does not know the call {method} (an older luxun, or Java Luxun)"
+        if isinstance(exc, OSError) and exc.strerror:
+            return exc.strerror
+        return str(exc) or type(exc).__name__
+
+    def _hint(self) -> str:
+        """Ask whether the port is right, unless a call on this connection was answered."""
+        return "" if self._answered else " (is it the QueueService port of a luxun broker?)"
+
     def call(self, method: str, request: Any) -> Any:
-        """Call ``method`` with ``request``; return the response (None for oneway)."""
+        """Call ``method`` with ``request``; return the response (None for oneway).
+
+        Raises:
+            BrokerUnavailableError: the broker cannot be reached, did not answer in time,
+                or closed/reset the connection; the connection is dropped.
+        """
         client = self._connect()
         try:
-            return getattr(client, method)(request)
+            response = getattr(client, method)(request)
         except (TTransportException, OSError, TApplicationException, EOFError) as exc:
             self._drop()
-            raise BrokerUnavailableError(f"broker {self.address} failed during {method}: {exc}") from exc
+            raise BrokerUnavailableError(f"broker {self.where}, {method}: {self._reason(exc, method)}") from exc
+        if response is not None:
+            self._answered = True
+        return response
 
     def checked(self, method: str, request: Any) -> Any:
         """Like :meth:`call`, raising the BrokerError of a failed Result."""

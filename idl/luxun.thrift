@@ -11,7 +11,9 @@
 //   - `namespace py luxun_thrift` (generated Python module name);
 //   - EXTENSION: ConsumeRequest field 5 `maxWaitMs` (optional; see below);
 //   - EXTENSION: ConsumeRequest field 6 `withTimestamps` and ConsumeResponse
-//     field 4 `timestampList` / field 5 `firstIndex` (optional; see below).
+//     field 4 `timestampList` / field 5 `firstIndex` (optional; see below);
+//   - EXTENSION: method `listTopics` and its structs TopicInfo,
+//     ListTopicsRequest, ListTopicsResponse (see below).
 // Further extensions must be new optional fields or new methods only.
 
 namespace java com.leansoft.luxun.api.generated
@@ -121,6 +123,31 @@ struct GetSizeResponse {
     2: i64 size
 }
 
+// EXTENSION (luxun-py; not in the original Luxun IDL): the topics a broker
+// holds, for tools (`luxun topics --broker host:port`), so they work without the
+// metrics endpoint. A broker built from the original IDL answers listTopics with a
+// TApplicationException UNKNOWN_METHOD; no other call changes.
+struct TopicInfo {
+    1: required string name,
+    // items between tailIndex and headIndex
+    2: i64 size,
+    3: i64 tailIndex,
+    4: i64 headIndex,
+    // bytes of the topic's files on disk
+    5: i64 diskBytes,
+    // consumer group (fanout id) -> items it has not read yet
+    6: map<string, i64> groupLag,
+}
+
+struct ListTopicsRequest {
+}
+
+struct ListTopicsResponse {
+    1: required Result result,
+    // sorted by name
+    2: list<TopicInfo> topics,
+}
+
 service QueueService {
     ProduceResponse produce(1: ProduceRequest produceRequest);
 
@@ -135,4 +162,7 @@ service QueueService {
     DeleteTopicResponse deleteTopic(1: DeleteTopicRequest deleteTopicRequest);
 
     GetSizeResponse getSize(1: GetSizeRequest getSizeRequest);
+
+    // EXTENSION (luxun-py), see ListTopicsResponse.
+    ListTopicsResponse listTopics(1: ListTopicsRequest listTopicsRequest);
 }

@@ -1,7 +1,9 @@
 """A whole broker: topics, the QueueService server, metrics and maintenance.
 
-Lifecycle: ``Broker(config)`` opens the data directory (refused if another broker
-holds it) and binds the ports; ``start()`` serves; ``stop()`` stops accepting,
+Lifecycle: ``Broker(config)`` checks that its ports are free and that the data
+directory is not a file (:class:`StartupError`, before anything is created on disk),
+opens the data directory (refused if another broker holds it) and binds the ports;
+``start()`` serves; ``stop()`` stops accepting,
 lets in-flight calls finish, wakes waiting consumers, flushes and closes every topic.
 """
 
@@ -9,10 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import signal
+import socket
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from idl import QueueService
@@ -62,11 +67,62 @@ def tune_allocator() -> bool:
     )
 
 
+class StartupError(OSError):
+    """The broker cannot start: a port in use, a data directory that is a file. The
+    message names the address or path and the setting to change; ``errno`` is kept."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _check_port_free(host: str, port: int, setting: str) -> None:
+    """Raise :class:`StartupError` when ``host:port`` cannot be bound (0: any port, not checked).
+
+    The probe binds the way the servers do (``SO_REUSEADDR``) and lets go at once, so a
+    broker that cannot listen fails before it creates its data directory.
+    """
+    if not port:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            in_use = exc.errno == errno.EADDRINUSE
+            what = "is in use by another program" if in_use else f"cannot be used: {exc.strerror}"
+            raise StartupError(exc.errno or errno.EADDRINUSE, f"{host}:{port} ({setting}) {what}") from exc
+
+
+def _check_data_dir(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StartupError(errno.ENOTDIR, f"data directory {path} (log.dir, --data-dir) is not a directory")
+
+
+def _password_check(config: BrokerConfig) -> Callable[[str], bool]:
+    """deleteTopic's check; with no password configured it raises PermissionError,
+    which the handler answers as AUTHENTICATION_FAILURE with that explanation."""
+
+    def check(given: str) -> bool:
+        if not config.password_configured:
+            raise PermissionError(
+                "deletion is disabled on this broker: it has no password "
+                "(set password= in server.properties or luxun serve --password)"
+            )
+        return check_password(config.password, given)
+
+    return check
+
+
 class Broker:
     """One luxun broker process's worth of state."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
+        _check_port_free(config.host, config.port, "port, --port")
+        if config.metrics_port:
+            _check_port_free(config.metrics_host, config.metrics_port, "metrics.port, --metrics-port; 0 turns it off")
+        _check_data_dir(config.data_dir)
         self.metrics = Metrics()
         self.topics = TopicManager(config.data_dir, data_page_size_bytes=config.data_page_size_bytes)
         try:
@@ -75,7 +131,7 @@ class Broker:
                 broker_id=config.broker_id,
                 max_message_size_bytes=config.max_message_size_bytes,
                 flush_count=config.flush_count,
-                password_check=lambda given: check_password(config.password, given),
+                password_check=_password_check(config),
                 metrics=self.metrics,
             )
             self.server = ThriftServer(

@@ -3,10 +3,16 @@
 ::
 
     luxun serve [--config server.properties] [--data-dir DIR] [--host H] [--port P] ...
-    luxun produce TOPIC            lines from stdin, one item each
+    luxun produce TOPIC [--async]  lines from stdin, one item each
     luxun consume TOPIC (--group G | --from-index N | --from earliest|latest) [--max N] [--wait-ms MS]
-    luxun topics                   topics, sizes, group lag (from the metrics endpoint)
+    luxun topics [--metrics URL]   topics, sizes, group lag (listTopics, or the metrics endpoint)
     luxun delete TOPIC --password PW
+
+Client commands talk to a broker through :class:`clients.connection.BrokerConnection`
+(``--broker host:port``, default 127.0.0.1:9092; ``host`` alone means port 9092) with a
+connect timeout and a call timeout. Every failure is one line on stderr naming the
+broker's host:port (or the port, path, size and limit involved) and a non-zero exit
+code: 1 for a failure, 2 for a usage error; never a traceback.
 """
 
 from __future__ import annotations
@@ -17,11 +23,32 @@ import logging
 import sys
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 DEFAULT_BROKER = "127.0.0.1:9092"
 DEFAULT_METRICS = "http://127.0.0.1:9093"
+#: Client timeouts (ms): establishing the connection; each call (consume adds --wait-ms).
+DEFAULT_CONNECT_TIMEOUT_MS = 5_000
+DEFAULT_TIMEOUT_MS = 30_000
+#: Java Luxun's (and our) default max.message.size: the CLI cannot ask a broker its limit.
+DEFAULT_MAX_ITEM_BYTES = 1024 * 1024
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_READ_CHUNK = 1 << 20
+
+DELETE_PASSWORD_HELP = (
+    "the broker's deleteTopic password, in the broker's own form where it can be used: "
+    "'plain:s3cret' and 's3cret' both send s3cret; md5:/crc32: forms are refused (a digest cannot "
+    "be turned back into the password: pass the password itself); write plain:<password> for a "
+    "password that starts with plain:, md5: or crc32:"
+)
+
+
+class CliError(Exception):
+    """A failure told to the person in one line (``luxun: <message>``), exit ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,18 +60,32 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--data-dir", help="data directory (log.dir); default ./luxun-data")
     serve.add_argument("--host", help="address to listen on; default 127.0.0.1")
     serve.add_argument("--port", type=int, help="QueueService port; default 9092 (0: any free port)")
-    serve.add_argument("--password", help="deleteTopic password (plain:, md5: or crc32: form)")
+    serve.add_argument(
+        "--password",
+        help="deleteTopic password: plain:<password> (or the bare password), md5:<hex digest of it> or "
+        "crc32:<decimal CRC-32 of it>; clients always send the password itself; without one, deletion is disabled",
+    )
     serve.add_argument("--metrics-host", help="metrics HTTP address; default 127.0.0.1")
     serve.add_argument("--metrics-port", type=int, help="metrics HTTP port; default 9093, 0 turns it off")
-    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    serve.add_argument("--log-level", default="INFO", help=f"{', '.join(_LOG_LEVELS)} (default INFO)")
 
-    for name, text in (("produce", "send stdin lines to a topic"), ("consume", "print a topic's items")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("topic")
-        p.add_argument("--broker", default=DEFAULT_BROKER, help=f"host:port (default {DEFAULT_BROKER})")
-    produce = sub.choices["produce"]
-    produce.add_argument("--async", dest="oneway", action="store_true", help="use oneway asyncProduce")
-    consume = sub.choices["consume"]
+    produce = sub.add_parser("produce", help="send stdin lines to a topic, one item per line")
+    produce.add_argument("topic")
+    produce.add_argument(
+        "--async",
+        dest="oneway",
+        action="store_true",
+        help="use oneway asyncProduce (faster; the broker reports no refusals to oneway calls)",
+    )
+    produce.add_argument(
+        "--max-item-bytes",
+        type=int,
+        default=DEFAULT_MAX_ITEM_BYTES,
+        help=f"refuse a line longer than this before sending it (default {DEFAULT_MAX_ITEM_BYTES}, the default "
+        "max.message.size; set it to the broker's max.message.size)",
+    )
+    consume = sub.add_parser("consume", help="print a topic's items, one per line")
+    consume.add_argument("topic")
     where = consume.add_mutually_exclusive_group(required=True)
     where.add_argument("--group", help="consume as this consumer group (the broker keeps its position)")
     where.add_argument("--from-index", type=int, help="consume from this index")
@@ -54,19 +95,50 @@ def main(argv: list[str] | None = None) -> int:
     consume.add_argument("--fetch-bytes", type=int, default=1 << 20, help="bytes per fetch (default 1 MiB)")
 
     topics = sub.add_parser("topics", help="list topics with sizes and group lag")
-    topics.add_argument("--metrics", default=DEFAULT_METRICS, help=f"broker metrics URL (default {DEFAULT_METRICS})")
+    topics.add_argument(
+        "--metrics",
+        help="read the broker's metrics endpoint (e.g. http://127.0.0.1:9093) instead of asking its "
+        "QueueService port (--broker) with listTopics",
+    )
     delete = sub.add_parser("delete", help="delete a topic and its files")
     delete.add_argument("topic")
-    delete.add_argument("--password", required=True)
-    delete.add_argument("--broker", default=DEFAULT_BROKER)
+    delete.add_argument("--password", required=True, help=DELETE_PASSWORD_HELP)
+    for p in (produce, consume, topics, delete):
+        p.add_argument(
+            "--broker", default=DEFAULT_BROKER, help=f"host:port (default {DEFAULT_BROKER}; host alone: 9092)"
+        )
+        p.add_argument(
+            "--connect-timeout-ms",
+            type=int,
+            default=DEFAULT_CONNECT_TIMEOUT_MS,
+            help=f"give up connecting after this long (ms, default {DEFAULT_CONNECT_TIMEOUT_MS}; 0: as --timeout-ms)",
+        )
+        p.add_argument(
+            "--timeout-ms",
+            type=int,
+            default=DEFAULT_TIMEOUT_MS,
+            help=f"give up on a call the broker does not answer within this long (ms, default {DEFAULT_TIMEOUT_MS}; "
+            "consume adds --wait-ms; 0: no limit)",
+        )
 
     args = parser.parse_args(argv)
+    from clients.errors import LuxunClientError
+
     try:
         return int(globals()[f"_cmd_{args.command}"](args))
+    except CliError as exc:
+        return _fail(str(exc), exc.code)
+    except LuxunClientError as exc:  # BrokerUnavailableError: its message names host:port
+        return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # stdout closed (luxun consume ... | head)
         return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"luxun: {message}", file=sys.stderr)
+    return code
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -74,9 +146,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .config import BrokerConfig, ConfigError, load_properties
     from .topics import DataDirLockedError
 
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = args.log_level.strip().upper()
+    if level not in _LOG_LEVELS:
+        raise CliError(f"--log-level {args.log_level!r} is not one of {', '.join(_LOG_LEVELS)}", 2)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {
         key: value
         for key, value in {
@@ -92,40 +165,44 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         props = load_properties(args.config) if args.config else {}
         config = BrokerConfig.from_properties(props, overrides=overrides)
-        if not tune_allocator():
-            logging.getLogger(__name__).info("malloc thresholds left as they are (set by the environment, or no glibc)")
-        broker = Broker(config)
-    except (ConfigError, DataDirLockedError, OSError) as exc:
-        print(f"luxun: {exc}", file=sys.stderr)
-        return 2
+        broker = Broker(config)  # checks ports and data directory first: one line when they fail
+    except (ConfigError, DataDirLockedError) as exc:
+        raise CliError(str(exc), 2) from exc
+    except OSError as exc:  # StartupError (port in use, data dir a file) or the data directory itself
+        raise CliError(_os_error(exc), 2) from exc
+    if not tune_allocator():
+        logging.getLogger(__name__).info("malloc thresholds left as they are (set by the environment, or no glibc)")
     broker.serve_forever()
     return 0
 
 
-@contextmanager
-def _client(broker: str) -> Iterator[Any]:
-    from thriftpy2.protocol import TCyBinaryProtocolFactory
-    from thriftpy2.rpc import make_client
-    from thriftpy2.transport import TCyFramedTransportFactory
+def _os_error(exc: OSError) -> str:
+    """``path: reason`` rather than ``[Errno 13] Permission denied: 'path'``."""
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
 
-    from idl import QueueService
 
-    host, _, port = broker.rpartition(":")
-    client = make_client(
-        QueueService,
-        host or "127.0.0.1",
-        int(port),
-        proto_factory=TCyBinaryProtocolFactory(),
-        trans_factory=TCyFramedTransportFactory(),
-        timeout=None,  # type: ignore[arg-type]  # None: no timeout (long polls)
-    )
+# -- client commands ----------------------------------------------------------------------
+def _connect(args: argparse.Namespace, extra_timeout_ms: int = 0) -> Any:
+    """A :class:`~clients.connection.BrokerConnection` to ``--broker`` with the timeout flags."""
+    from clients.connection import BrokerConnection
+
+    for flag in ("connect_timeout_ms", "timeout_ms"):
+        if getattr(args, flag) < 0:
+            raise CliError(f"--{flag.replace('_', '-')} must be >= 0", 2)
     try:
-        yield client
-    finally:
-        client.close()
+        return BrokerConnection(
+            args.broker,
+            timeout_ms=(args.timeout_ms + max(extra_timeout_ms, 0)) if args.timeout_ms else None,
+            connect_timeout_ms=args.connect_timeout_ms or None,
+        )
+    except ValueError as exc:
+        raise CliError(f"--broker: {exc}", 2) from exc
 
 
-def _failed(result: Any) -> str | None:
+def _failure(result: Any) -> str | None:
+    """``"NAME: message"`` of a failed Result, or None on success."""
     from idl import luxun_thrift as T
 
     if result.resultCode == T.ResultCode.SUCCESS:
@@ -133,25 +210,96 @@ def _failed(result: Any) -> str | None:
     return f"{T.ErrorCode._VALUES_TO_NAMES.get(result.errorCode, result.errorCode)}: {result.errorMessage}"
 
 
+def _read_items(stream: IO[bytes], limit: int) -> Iterator[tuple[int, bytes | None, int]]:
+    """``(line number, item, size)`` per line of ``stream`` (newline dropped); ``item``
+    is None for a line over ``limit`` bytes, whose size is counted without holding it."""
+    number = 0
+    while True:
+        line = stream.readline(limit + 2)
+        if not line:
+            return
+        number += 1
+        if line.endswith(b"\n"):
+            size = len(line) - 1
+            yield number, line[:-1] if size <= limit else None, size
+            continue
+        if len(line) <= limit:  # the last line, without a newline
+            yield number, line, len(line)
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = stream.readline(_READ_CHUNK)
+            if not line:
+                break
+            size += len(line)
+        yield number, None, size - line.endswith(b"\n")
+
+
 def _cmd_produce(args: argparse.Namespace) -> int:
+    from clients.errors import BrokerUnavailableError
     from idl import luxun_thrift as T
 
-    count = 0
-    with _client(args.broker) as client:
-        for line in sys.stdin.buffer:
-            request = T.ProduceRequest(item=line.rstrip(b"\n"), topic=args.topic)
-            if args.oneway:
-                client.asyncProduce(request)
-            else:
-                error = _failed(client.produce(request).result)
+    if args.max_item_bytes < 1:
+        raise CliError("--max-item-bytes must be >= 1", 2)
+    verb = "sent" if args.oneway else "produced"
+    count = largest = 0
+    conn = _connect(args)
+    with conn:
+        try:
+            for number, item, size in _read_items(sys.stdin.buffer, args.max_item_bytes):
+                if item is None:
+                    raise CliError(
+                        f"line {number} of stdin is {size} bytes, over --max-item-bytes {args.max_item_bytes} "
+                        f"(default: the broker's default max.message.size); not sent, nor anything after it "
+                        f"({count} items {verb} before it); if the broker's max.message.size is larger, "
+                        "raise --max-item-bytes to it"
+                    )
+                request = T.ProduceRequest(item=item, topic=args.topic)
+                largest = max(largest, size)
+                if args.oneway:
+                    conn.call("asyncProduce", request)
+                else:
+                    error = _failure(conn.call("produce", request).result)
+                    if error:
+                        raise CliError(
+                            f"produce of line {number} to {args.topic!r} on {conn.where} failed: {error} "
+                            f"({count} items produced before it)"
+                        )
+                count += 1
+            if args.oneway and count:
+                # A round trip: the broker has read every oneway call once it answers.
+                error = _failure(conn.call("getSize", T.GetSizeRequest(topic=args.topic)).result)
                 if error:
-                    print(f"luxun: produce to {args.topic!r} failed: {error}", file=sys.stderr)
-                    return 1
-            count += 1
-        if args.oneway:
-            client.getSize(T.GetSizeRequest(topic=args.topic))  # a round trip: the oneway calls were read
-    print(f"produced {count} items to {args.topic!r}", file=sys.stderr)
+                    raise CliError(
+                        f"sent {count} items to {args.topic!r} on {conn.where} with asyncProduce, but then: {error}; "
+                        "the broker refused them (oneway calls get no answer: see the broker log/metrics)"
+                    )
+        except BrokerUnavailableError as exc:
+            if _connection_lost(exc.__cause__):
+                raise CliError(
+                    f"{exc}; an item of up to {largest} bytes may exceed the broker's max.message.size "
+                    f"({count} items {verb} before)"
+                ) from exc
+            raise
+    if args.oneway:
+        print(
+            f"sent {count} items to {args.topic!r} on {conn.where} "
+            "(oneway: refusals are not reported; check the broker log/metrics)",
+            file=sys.stderr,
+        )
+    else:
+        print(f"produced {count} items to {args.topic!r} on {conn.where}", file=sys.stderr)
     return 0
+
+
+def _connection_lost(cause: BaseException | None) -> bool:
+    """True when a call failed because the broker reset or closed the connection (which
+    it does to a frame over max.message.size + 1 MiB), not because it was unreachable."""
+    from thriftpy2.transport import TTransportException
+
+    if isinstance(cause, TTransportException):
+        return cause.type == TTransportException.END_OF_FILE
+    return isinstance(cause, ConnectionResetError | BrokenPipeError)
 
 
 def _cmd_consume(args: argparse.Namespace) -> int:
@@ -159,32 +307,33 @@ def _cmd_consume(args: argparse.Namespace) -> int:
 
     out = sys.stdout.buffer
     seen = 0
-    with _client(args.broker) as client:
+    conn = _connect(args, extra_timeout_ms=args.wait_ms)
+    with conn:
         index = args.from_index
         if args.from_ is not None:
             when = T.EARLIEST_TIME if args.from_ == "earliest" else T.LATEST_TIME
-            response = client.findClosestIndexByTime(T.FindClosestIndexByTimeRequest(timestamp=when, topic=args.topic))
-            error = _failed(response.result)
+            request = T.FindClosestIndexByTimeRequest(timestamp=when, topic=args.topic)
+            response = conn.call("findClosestIndexByTime", request)
+            error = _failure(response.result)
             if error:
-                print(f"luxun: {error}", file=sys.stderr)
-                return 1
+                raise CliError(f"consume from {args.topic!r} on {conn.where}: {error}")
             index = response.index
         while not args.max or seen < args.max:
             request = T.ConsumeRequest(
                 topic=args.topic,
                 fanoutId=args.group,
                 startIndex=index or 0,
-                maxFetchSize=args.fetch_bytes,
+                # A group's position moves past everything fetched: with --max, fetch one
+                # item per call (maxFetchSize 0) so the group keeps what is not printed.
+                maxFetchSize=0 if args.group and args.max else args.fetch_bytes,
                 maxWaitMs=args.wait_ms or None,
             )
-            response = client.consume(request)
-            if response.result.resultCode != T.ResultCode.SUCCESS:
-                if response.result.resultCode == T.ResultCode.TRY_LATER or response.result.errorCode in (
-                    T.ErrorCode.TOPIC_IS_EMPTY,
-                ):
+            response = conn.call("consume", request)
+            result = response.result
+            if result.resultCode != T.ResultCode.SUCCESS:
+                if result.resultCode == T.ResultCode.TRY_LATER or result.errorCode == T.ErrorCode.TOPIC_IS_EMPTY:
                     break
-                print(f"luxun: {_failed(response.result)}", file=sys.stderr)
-                return 1
+                raise CliError(f"consume from {args.topic!r} on {conn.where}: {_failure(result)}")
             items = response.itemList or []
             if args.max:
                 items = items[: args.max - seen]
@@ -199,13 +348,27 @@ def _cmd_consume(args: argparse.Namespace) -> int:
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
-    url = args.metrics.rstrip("/") + "/topics.json"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            rows = json.load(response)
-    except OSError as exc:
-        print(f"luxun: cannot read {url}: {exc}", file=sys.stderr)
-        return 1
+    if args.metrics:
+        rows = _topics_from_metrics(args.metrics, args.timeout_ms)
+    else:
+        from idl import luxun_thrift as T
+
+        with _connect(args) as conn:
+            response = conn.call("listTopics", T.ListTopicsRequest())
+            error = _failure(response.result)
+            if error:
+                raise CliError(f"listTopics on {conn.where}: {error}")
+        rows = [
+            {
+                "name": t.name,
+                "size": t.size or 0,
+                "tail": t.tailIndex or 0,
+                "head": t.headIndex or 0,
+                "disk": t.diskBytes or 0,
+                "groups": sorted((t.groupLag or {}).items()),
+            }
+            for t in sorted(response.topics or [], key=lambda t: str(t.name))
+        ]
     print(f"{'topic':<30} {'items':>12} {'tail':>12} {'head':>12} {'disk MB':>10}  groups (lag)")
     for row in rows:
         groups = ", ".join(f"{g} ({lag})" for g, lag in row["groups"]) or "-"
@@ -216,15 +379,40 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _topics_from_metrics(base: str, timeout_ms: int) -> list[dict[str, Any]]:
+    url = base.rstrip("/") + "/topics.json"
+    try:
+        with urllib.request.urlopen(url, timeout=(timeout_ms or DEFAULT_TIMEOUT_MS) / 1000) as response:
+            rows: list[dict[str, Any]] = json.load(response)
+    except OSError as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise CliError(f"cannot read {url}: {getattr(reason, 'strerror', None) or reason}") from exc
+    except ValueError as exc:
+        raise CliError(f"{url} did not answer JSON (is it a luxun broker's metrics endpoint?)") from exc
+    return rows
+
+
 def _cmd_delete(args: argparse.Namespace) -> int:
     from idl import luxun_thrift as T
 
-    with _client(args.broker) as client:
-        error = _failed(client.deleteTopic(T.DeleteTopicRequest(topic=args.topic, password=args.password)).result)
-    if error:
-        print(f"luxun: delete of {args.topic!r} failed: {error}", file=sys.stderr)
-        return 1
-    print(f"deleted topic {args.topic!r}", file=sys.stderr)
+    from .config import ConfigError, password_to_send
+
+    try:
+        password = password_to_send(args.password)
+    except ConfigError as exc:
+        raise CliError(f"--password: {exc}", 2) from exc
+    with _connect(args) as conn:
+        # deleteTopic answers SUCCESS for a topic that is not there: look first.
+        size = conn.call("getSize", T.GetSizeRequest(topic=args.topic))
+        if size.result.errorCode == T.ErrorCode.TOPIC_NOT_EXIST:
+            raise CliError(f"topic {args.topic!r} does not exist on {conn.where}")
+        error = _failure(size.result)
+        if error:
+            raise CliError(f"delete of {args.topic!r} on {conn.where}: {error}")
+        error = _failure(conn.call("deleteTopic", T.DeleteTopicRequest(topic=args.topic, password=password)).result)
+        if error:
+            raise CliError(f"delete of {args.topic!r} on {conn.where} refused: {error}")
+    print(f"deleted topic {args.topic!r} on {conn.where} ({size.size} items)", file=sys.stderr)
     return 0
 
 

@@ -456,6 +456,34 @@ def check_password(configured: str | None, given: str | None) -> bool:
     return hmac.compare_digest(hashlib.sha256(data).digest(), hashlib.sha256(str(secret).encode("utf-8")).digest())
 
 
+def password_to_send(given: str) -> str:
+    """The password a client (``luxun delete --password``) sends, from the forms the
+    broker's ``password`` setting accepts, so both sides can be given the same text.
+
+    * ``plain:s3cret`` sends ``s3cret`` (the prefix and surrounding spaces stripped,
+      as the broker strips them from its own setting);
+    * a value with no known scheme prefix (``s3cret``, ``a:b``) is sent as it is;
+    * ``md5:...`` and ``crc32:...`` are how a broker *stores* a password; a digest
+      cannot be turned back into the password, so they are refused: pass the
+      password itself (the broker hashes what it receives). A password that really
+      starts with ``md5:`` is sent as ``plain:md5:...``.
+
+    Raises:
+        ConfigError: an ``md5:`` or ``crc32:`` form (the message never holds the secret).
+    """
+    scheme, sep, secret = given.partition(":")
+    scheme = scheme.strip().lower()
+    if not sep or scheme not in PASSWORD_SCHEMES:
+        return given
+    if scheme == "plain":
+        return secret.strip()
+    raise ConfigError(
+        f"{scheme}:<...> is a form the broker stores, and it cannot be turned back into the password; "
+        f"pass the password itself (or plain:<password>): the broker computes the {scheme} of what it receives",
+        key="password",
+    )
+
+
 # -- .properties files -----------------------------------------------------------------
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _WHITESPACE = " \t\f"
@@ -608,4 +636,5 @@ __all__ = [
     "check_password",
     "load_properties",
     "parse_properties",
+    "password_to_send",
 ]

@@ -81,7 +81,7 @@ class TopicNotExist(LuxunError):
 
     def __init__(self, topic: str, *, broker_id: int | None = None) -> None:
         where = "" if broker_id is None else f" on broker {broker_id}"
-        super().__init__(f"topic {topic!r} does not exist{where}")
+        super().__init__(f"topic {topic} does not exist{where}")  # Java Luxun's text
         self.topic = topic
         self.broker_id = broker_id
 
@@ -117,7 +117,7 @@ class TopicIsEmpty(LuxunError):
 
     def __init__(self, topic: str, *, broker_id: int | None = None) -> None:
         where = "" if broker_id is None else f" on broker {broker_id}"
-        super().__init__(f"topic {topic!r} is empty{where}")
+        super().__init__(f"topic {topic} is empty{where}")  # Java Luxun's text
         self.topic = topic
         self.broker_id = broker_id
 

@@ -135,7 +135,7 @@ class Metrics:
             ("luxun_topic_items_out_total", "counter", "Items handed out by consume.", "items_out"),
             ("luxun_topic_bytes_out_total", "counter", "Bytes handed out by consume.", "bytes_out"),
             ("luxun_topic_size_items", "gauge", "Items retained (head - tail).", "size"),
-            ("luxun_topic_disk_bytes", "gauge", "Bytes of index and data page files.", "disk"),
+            ("luxun_topic_disk_bytes", "gauge", "Disk space of index and data page files (allocated).", "disk"),
         )
         for name, kind, help_text, key in per_topic:
             family(name, kind, help_text)
@@ -162,7 +162,7 @@ def _topic_row(topic: Any) -> dict[str, Any]:
     try:
         groups = [(g, queue.size(g)) for g in queue.groups()]
         size = queue.size()
-        disk = queue.back_file_size()
+        disk = queue.allocated_size()
         head, tail = queue.head, queue.tail
     except Exception:  # the topic was deleted while we looked
         groups, size, disk, head, tail = [], 0, 0, 0, 0

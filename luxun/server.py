@@ -54,16 +54,24 @@ import time
 from typing import Any
 
 from thriftpy2.protocol.cybin import TCyBinaryProtocol  # type: ignore[attr-defined]
-from thriftpy2.thrift import TApplicationException, TProcessor
+from thriftpy2.thrift import TApplicationException, TProcessor, TType
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
+from .errors import LuxunError
 from .logs import RateLimitedLog
 from .metrics import Metrics
-from .wire import encode_consume_reply, encode_consume_reply_parts, parse_produce_call, produce_reply_frame
+from .wire import (
+    encode_consume_reply,
+    encode_consume_reply_parts,
+    missing_required_field,
+    parse_produce_call,
+    produce_reply_frame,
+    required_fields,
+)
 
 log = logging.getLogger(__name__)
 #: Lines a client or a bad environment can repeat, keyed by kind (never by peer).
-_limited = RateLimitedLog(log)
+_rate_limited = RateLimitedLog(log)
 
 #: Bytes of receive buffer all connections may hold together beyond their first
 #: _INITIAL_BUFFER each (raised to twice the largest frame when that is bigger).
@@ -87,7 +95,6 @@ _MAX_DEPTH = 32
 # A batch of received asyncProduce calls is appended at this size at the latest.
 _MAX_BATCH_ITEMS = 4096
 _MAX_BATCH_BYTES = 8 << 20
-_CONSUME_NAME = b"\x00\x00\x00\x07consume"  # the name field of a strict "consume" call
 
 # Thrift binary protocol type ids and the fixed sizes of the scalar ones.
 _T_STOP, _T_STRUCT, _T_MAP, _T_SET, _T_LIST, _T_STRING = 0, 12, 13, 14, 15, 11
@@ -314,6 +321,13 @@ class ThriftServer:
     ) -> None:
         self._processor = TProcessor(service, handler)
         self._handler = handler
+        # Per method: args class, result class, oneway, argument names, required fields.
+        self._methods: dict[str, tuple[Any, Any, bool, tuple[str, ...], Any]] = {}
+        for api in service.thrift_services:
+            args_cls, result_cls = getattr(service, api + "_args"), getattr(service, api + "_result")
+            names = tuple(entry[1] for entry in args_cls.thrift_spec.values())
+            oneway = bool(getattr(result_cls, "oneway", False))
+            self._methods[api] = (args_cls, result_cls, oneway, names, required_fields(args_cls))
         # The consume fast path, when the service has ``consume`` and the handler
         # ``consume_for_wire`` (QueueService and QueueHandler do).
         self._consume_args: Any = getattr(service, "consume_args", None)
@@ -383,7 +397,7 @@ class ThriftServer:
                 self.metrics.accept_failures += 1
                 outcome: tuple[socket.socket, Any] | bool = False
                 if exc.errno in _RESOURCE_ERRNOS:
-                    _limited.error(
+                    _rate_limited.error(
                         f"accept-{exc.errno}",
                         "cannot accept connections on %s:%d: %s (open files limit %s); new connections are "
                         "closed at once until descriptors are free",
@@ -394,7 +408,9 @@ class ThriftServer:
                     )
                     outcome = self._accept_on_reserve()
                 else:
-                    _limited.error("accept-other", "accept on %s:%d failed: %s", self.address[0], self.address[1], exc)
+                    _rate_limited.error(
+                        "accept-other", "accept on %s:%d failed: %s", self.address[0], self.address[1], exc
+                    )
                 if outcome is True:  # one pending connection closed: no spin, the next accept waits
                     continue
                 if outcome is False:
@@ -443,7 +459,7 @@ class ThriftServer:
             too_many = len(self._conns) >= self.max_connections
         if too_many:
             self.metrics.connections_refused += 1
-            _limited.warning(
+            _rate_limited.warning(
                 "too-many-connections",
                 "refusing connection from %s: %d connections open already (the limit)",
                 peer,
@@ -472,7 +488,9 @@ class ThriftServer:
                 self._conns.pop(sock.fileno(), None)
             self.metrics.connections_open -= 1
             self.metrics.connections_refused += 1
-            _limited.error("thread-start", "closing connection from %s: cannot start a thread for it (%s)", peer, exc)
+            _rate_limited.error(
+                "thread-start", "closing connection from %s: cannot start a thread for it (%s)", peer, exc
+            )
             sock.close()
 
     # -- one connection ---------------------------------------------------------------
@@ -485,7 +503,7 @@ class ThriftServer:
         except OSError as exc:
             log.debug("connection %s: %s", peer, exc)
         except Exception:
-            _limited.exception("connection-failed", "connection from %s failed", peer)
+            _rate_limited.exception("connection-failed", "connection from %s failed", peer)
         finally:
             with self._conns_lock:
                 self._conns.pop(key, None)
@@ -520,7 +538,7 @@ class ThriftServer:
                 if size <= 0 or size > max_frame:
                     batch.flush()
                     self.metrics.bad_frames += 1
-                    _limited.warning(
+                    _rate_limited.warning(
                         "frame-size", "closing connection from %s: frame of %d bytes (limit %d)", peer, size, max_frame
                     )
                     return
@@ -574,7 +592,7 @@ class ThriftServer:
                     if not budget.take(more, self.budget_wait_s, self._stopping):
                         if not self._stopping.is_set():
                             self.metrics.input_buffer_closed += 1
-                            _limited.warning(
+                            _rate_limited.warning(
                                 "input-budget",
                                 "closing connection from %s: its frame of %d bytes needs %d more bytes of buffer "
                                 "and all connections' input buffers have held %d of %d bytes for %g s",
@@ -600,42 +618,79 @@ class ThriftServer:
                 buf.extend(bytes(_READ_BUFFER - len(buf)))
 
     def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
+        """Decode one call frame, call the handler, send its reply; False when the
+        connection must be closed (an undecodable frame).
+
+        As Java Luxun (its Thrift processor) answers: an unknown method gets a
+        TApplicationException UNKNOWN_METHOD ("Invalid method name: 'x'"), a request
+        struct with a required field unset gets PROTOCOL_ERROR (Java's text, see
+        :func:`~luxun.wire.missing_required_field`), and a handler that raises gets
+        INTERNAL_ERROR ("Internal error processing <call>"); oneway calls never get
+        a reply. The connection stays open in each case.
+        """
         try:
             check_frame(frame)
             iprot = TCyBinaryProtocol(TCyMemoryBuffer(frame), strict_read=False)
-            if self._consume_for_wire is not None and frame[4:15] == _CONSUME_NAME:
-                # The hot read path: decoded here, answered with the items the
-                # handler leaves as one blob, encoded by hand.
-                _, _, seqid = iprot.read_message_begin()
-                args = self._consume_args()
-                args.read(iprot)
-                iprot.read_message_end()
-                api, result, call = "consume", None, None
+            api, _, seqid = iprot.read_message_begin()
+            method = self._methods.get(api)
+            if method is None:
+                iprot.skip(TType.STRUCT)
             else:
-                api, seqid, result, call = self._processor.process_in(iprot)
+                args = method[0]()
+                args.read(iprot)
+            iprot.read_message_end()
         except Exception as exc:
             self.metrics.bad_frames += 1
             log.warning("closing connection from %s: undecodable request (%s)", peer, exc)
             return False
-        if result is None:
-            self._send_parts(sock, encode_consume_reply_parts(seqid, self._consume_for_wire(args.consumeRequest)))
+        if method is None:
+            unknown = TApplicationException.UNKNOWN_METHOD
+            self._send_exception(sock, api, seqid, unknown, f"Invalid method name: '{api}'")  # Java's text
             return True
-        if isinstance(result, TApplicationException) or call is None:  # e.g. an unknown method
-            oprot = TCyBinaryProtocol(TCyMemoryBuffer())
-            self._processor.send_exception(oprot, api, result, seqid)
-            out = oprot.trans.getvalue()
-        elif api == "consume":
-            out = encode_consume_reply(seqid, call())  # encoded by hand
-        else:
-            result.success = call()  # our handlers answer errors in Result, never raise
-            if result.oneway:
+        _, result_cls, oneway, names, required = method
+        values = [getattr(args, name) for name in names]
+        for name, fields in required:
+            request = getattr(args, name)
+            if request is not None and any(getattr(request, f) is None for f in fields):
+                missing = missing_required_field(args) or ""
+                self.metrics.observe(api, 0.0, 0)  # counted as INTERNAL_ERROR
+                _rate_limited.warning(f"protocol-{api}", "%s from %s refused: %s", api, peer, missing)
+                if not oneway:
+                    self._send_exception(sock, api, seqid, TApplicationException.PROTOCOL_ERROR, missing)
                 return True
+        try:
+            if api == "consume" and self._consume_for_wire is not None:
+                # The hot read path: the items come as one blob, encoded by hand.
+                self._send_parts(sock, encode_consume_reply_parts(seqid, self._consume_for_wire(*values)))
+                return True
+            value = getattr(self._handler, api)(*values)
+        except OSError:  # the connection (sending the reply): closed by _serve
+            raise
+        except Exception as exc:
+            if isinstance(exc, LuxunError):
+                _rate_limited.warning(f"failed-{api}", "%s from %s failed: %s", api, peer, exc)
+            else:
+                _rate_limited.exception(f"failed-{api}", "%s from %s failed", api, peer)
+            if not oneway:
+                self._send_exception(sock, api, seqid, TApplicationException.INTERNAL_ERROR,
+                                     f"Internal error processing {api}")  # fmt: skip
+            return True
+        if oneway:
+            return True
+        if api == "consume":
+            out = encode_consume_reply(seqid, value)  # encoded by hand
+        else:
+            result = result_cls(success=value)  # our handlers answer errors in Result, never raise
             oprot = TCyBinaryProtocol(TCyMemoryBuffer())
             self._processor.send_result(oprot, api, result, seqid)
             out = oprot.trans.getvalue()
-        if out:
-            self._send(sock, out)
+        self._send(sock, out)
         return True
+
+    def _send_exception(self, sock: socket.socket, api: str, seqid: int, kind: int, message: str) -> None:
+        oprot = TCyBinaryProtocol(TCyMemoryBuffer())
+        self._processor.send_exception(oprot, api, TApplicationException(kind, message), seqid)
+        self._send(sock, oprot.trans.getvalue())
 
     @staticmethod
     def _send_parts(sock: socket.socket, parts: list[Any]) -> None:

@@ -10,15 +10,22 @@ unknown topic                 FAILURE     TOPIC_NOT_EXIST
 topic without items           FAILURE     TOPIC_IS_EMPTY
 group or index at the end     TRY_LATER   ALL_MESSAGE_CONSUMED
 index outside [tail, head)    FAILURE     INDEX_OUT_OF_BOUNDS
-bad topic (or group) name     FAILURE     INVALID_TOPIC
+bad topic name                FAILURE     INVALID_TOPIC
+bad group (fanout id) name    FAILURE     INTERNAL_ERROR ("invalid fanout identifier", as Java)
 item over max.message.size    FAILURE     MESSAGE_SIZE_TOO_LARGE
 wrong deleteTopic password    FAILURE     AUTHENTICATION_FAILURE
 anything else (disk full...)  FAILURE     INTERNAL_ERROR
 ============================  ==========  ======================
 
-Fixed flaws of the original: a first item larger than ``maxFetchSize`` is returned
-anyway (a group can never get stuck); ``getSize`` of an unknown group does not create
-it; payloads are never logged.
+Error replies of consume leave ``itemList`` unset, as Java Luxun's do; replies are
+compared byte for byte with the Java broker's in ``tests/broker/test_java_replies.py``,
+whose table lists every difference. Fixed flaws of the original: a first item larger
+than ``maxFetchSize`` is returned anyway (a group can never get stuck); an invalid
+topic name is INVALID_TOPIC for every call (Java: TOPIC_NOT_EXIST unless it creates the
+topic); a refused produce creates no topic; ``getSize`` of an unknown group does not
+create it; payloads are never logged. A call without its request struct: produce and
+consume raise (the server answers TApplicationException INTERNAL_ERROR), the others
+answer INTERNAL_ERROR in their Result, both as Java Luxun.
 
 Extensions: ``ConsumeRequest.maxWaitMs`` (field 5). With nothing to return, the call
 waits up to that long for an item instead of answering at once; a produce to the
@@ -78,6 +85,12 @@ def _result(code: int, error: int, message: str) -> Any:
     return T.Result(resultCode=code, errorCode=error, errorMessage=message)
 
 
+def _invalid_fanout(exc: InvalidNameError) -> Any:
+    """An invalid group name: FAILURE/INTERNAL_ERROR starting with Java Luxun's text
+    (bigqueue's IllegalArgumentException "invalid fanout identifier"), then why."""
+    return InternalError(f"invalid fanout identifier: {exc}").to_result()
+
+
 class QueueHandler:
     """Implements QueueService on a :class:`TopicManager`.
 
@@ -110,11 +123,23 @@ class QueueHandler:
 
     # -- produce -----------------------------------------------------------------------
     def produce(self, request: Any) -> Any:
+        if request is None:  # no ProduceRequest at all: Java Luxun fails the call (see _no_request)
+            raise self._no_request("produce", "ProduceRequest")
         result, index = self.produce_item(request.topic, request.item)
         return T.ProduceResponse(result=result, index=index)
 
     def asyncProduce(self, request: Any) -> None:
+        if request is None:
+            raise self._no_request("asyncProduce", "ProduceRequest")
         self.async_produce_many(request.topic, [request.item])
+
+    def _no_request(self, call: str, struct: str) -> InternalError:
+        """A call whose argument struct is missing: counted as INTERNAL_ERROR; the
+        error is raised for produce and consume (the server answers a
+        TApplicationException INTERNAL_ERROR, as Java Luxun does) and put in the
+        Result of the other calls (as Java Luxun does too)."""
+        self.metrics.observe(call, 0.0, E.INTERNAL_ERROR)
+        return InternalError(f"{call} needs a {struct}; the call had none")
 
     def produce_item(self, name: str | None, item: bytes | None) -> tuple[Any, int]:
         """One acknowledged produce: ``(Result, index)``."""
@@ -224,9 +249,7 @@ class QueueHandler:
     def _consume(self, request: Any, *, blob: bool) -> Any:
         t0 = time.perf_counter()
         if request is None:
-            result = InternalError("consume needs a ConsumeRequest").to_result()
-            self.metrics.observe("consume", 0.0, result.errorCode)
-            return T.ConsumeResponse(result=result, itemList=[], lastConsumedIndex=0)
+            raise self._no_request("consume", "ConsumeRequest")
         try:
             response = self._consume_once(request, blob)
             wait_ms = getattr(request, "maxWaitMs", None) or 0
@@ -239,11 +262,7 @@ class QueueHandler:
                 response = self._consume_once(request, blob)
         except Exception as exc:
             log.exception("consume from topic %r failed", request.topic)
-            response = T.ConsumeResponse(
-                result=self._internal(exc),
-                itemList=[],
-                lastConsumedIndex=0,
-            )
+            response = T.ConsumeResponse(result=self._internal(exc), lastConsumedIndex=0)
         self.metrics.observe("consume", time.perf_counter() - t0, response.result.errorCode)
         return response
 
@@ -255,8 +274,11 @@ class QueueHandler:
             if topic is None:
                 return False
             if group:
-                return topic.queue.size(group) > 0
-            return topic.queue.head > start
+                try:
+                    return topic.queue.size(group) > 0  # type: ignore[no-any-return]
+                except InvalidNameError:
+                    return True  # answered at once (invalid fanout identifier)
+            return topic.queue.head > start  # type: ignore[no-any-return]
 
         return ready
 
@@ -270,7 +292,8 @@ class QueueHandler:
         queue: Any = None
 
         def reply(result: Any, items: list[bytes] | ItemBlob | None = None) -> Any:
-            response = T.ConsumeResponse(result=result, itemList=items or [], lastConsumedIndex=last_index)
+            # Error replies leave itemList unset, as Java Luxun's do.
+            response = T.ConsumeResponse(result=result, itemList=items, lastConsumedIndex=last_index)
             if with_times:
                 response.firstIndex = first
                 response.timestampList = self._timestamps(queue, first, len(items)) if items else []
@@ -278,6 +301,9 @@ class QueueHandler:
 
         try:
             validate_name(name, what="topic")
+        except InvalidNameError as exc:
+            return reply(InvalidTopic(name, str(exc)).to_result())
+        try:
             topic = self.topics.get(name)
             if topic is None:
                 return reply(self._not_exist(name))
@@ -313,8 +339,8 @@ class QueueHandler:
             stats.items_out += len(items)
             stats.bytes_out += items.nbytes if isinstance(items, ItemBlob) else sum(map(len, items))
             return reply(_OK, items)
-        except InvalidNameError as exc:
-            return reply(InvalidTopic(name, str(exc)).to_result())
+        except InvalidNameError as exc:  # the group's name: the topic's was checked above
+            return reply(_invalid_fanout(exc))
         except IndexOutOfRangeError as exc:
             return reply(IndexOutOfBounds(name, exc.index, exc.tail, exc.head).to_result())
         except ArrayClosedError:
@@ -331,6 +357,9 @@ class QueueHandler:
 
     # -- the rest ----------------------------------------------------------------------
     def findClosestIndexByTime(self, request: Any) -> Any:
+        if request is None:
+            error = self._no_request("findClosestIndexByTime", "FindClosestIndexByTimeRequest")
+            return T.FindClosestIndexByTimeResponse(result=error.to_result(), index=0, timestampOfIndex=0)
         t0 = time.perf_counter()
         name = request.topic
         timestamp = request.timestamp
@@ -372,6 +401,8 @@ class QueueHandler:
         return T.FindClosestIndexByTimeResponse(result=result, index=index, timestampOfIndex=ts)
 
     def deleteTopic(self, request: Any) -> Any:
+        if request is None:
+            return T.DeleteTopicResponse(result=self._no_request("deleteTopic", "DeleteTopicRequest").to_result())
         t0 = time.perf_counter()
         name = request.topic
         try:
@@ -384,6 +415,8 @@ class QueueHandler:
                 result = _OK
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
+        except PermissionError as exc:  # the password check's "no password: deletion is disabled"
+            result = AuthenticationFailure(name, str(exc)).to_result()
         except Exception as exc:
             log.exception("deleteTopic of %r failed", name)
             result = self._internal(exc)
@@ -391,6 +424,8 @@ class QueueHandler:
         return T.DeleteTopicResponse(result=result)
 
     def getSize(self, request: Any) -> Any:
+        if request is None:
+            return T.GetSizeResponse(result=self._no_request("getSize", "GetSizeRequest").to_result(), size=0)
         t0 = time.perf_counter()
         name = request.topic
         group = request.fanoutId
@@ -401,8 +436,12 @@ class QueueHandler:
             if topic is None:
                 result = self._not_exist(name)
             else:
-                size = topic.queue.size(group) if group else topic.queue.size()
-                result = _OK
+                queue = topic.queue
+                try:
+                    size = queue.size(group) if group else queue.size()
+                    result = _OK
+                except InvalidNameError as exc:  # the group's name
+                    result = _invalid_fanout(exc)
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
         except ArrayClosedError:
@@ -412,3 +451,31 @@ class QueueHandler:
             result = self._internal(exc)
         self.metrics.observe("getSize", time.perf_counter() - t0, result.errorCode)
         return T.GetSizeResponse(result=result, size=size)
+
+    # -- extensions for tools (listTopics) ---------------------------------------------
+    def listTopics(self, request: Any) -> Any:
+        """Every topic with its size, indexes, disk use and group lag (EXTENSION)."""
+        t0 = time.perf_counter()
+        infos = []
+        try:
+            for topic in self.topics.topics():
+                queue = topic.queue
+                try:
+                    lag = {group: queue.size(group) for group in queue.groups()}
+                    info = T.TopicInfo(
+                        name=topic.name,
+                        size=queue.size(),
+                        tailIndex=queue.tail,
+                        headIndex=queue.head,
+                        diskBytes=queue.back_file_size(),
+                        groupLag=lag,
+                    )
+                except (ArrayClosedError, OSError):  # deleted (or closed) while we looked
+                    continue
+                infos.append(info)
+            result = _OK
+        except Exception as exc:
+            log.exception("listTopics failed")
+            result, infos = self._internal(exc), []
+        self.metrics.observe("listTopics", time.perf_counter() - t0, result.errorCode)
+        return T.ListTopicsResponse(result=result, topics=infos)

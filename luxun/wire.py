@@ -7,7 +7,7 @@ same (strict binary protocol, as thriftpy2 and Apache Thrift write it)::
     i32 0x80010002 (version 1, REPLY) | string "consume" | i32 seqid
     consume_result { 0: struct success = ConsumeResponse {
         1: struct Result { 1: i32 resultCode, [2: i32 errorCode], [3: string errorMessage] }
-        2: list<binary> itemList
+        [2: list<binary> itemList]   (unset in error replies, as Java Luxun's)
         3: i64 lastConsumedIndex
         [4: list<i64> timestampList] [5: i64 firstIndex] } }
 
@@ -117,6 +117,17 @@ def _result_parts(result: Any, parts: list[bytes]) -> None:
     parts.append(b"\x00")
 
 
+def _extension_parts(response: Any, parts: list[Any]) -> None:
+    """ConsumeResponse's extension fields (only when asked for), then the STOPs that
+    end ConsumeResponse and consume_result."""
+    times = response.timestampList
+    if times is not None:
+        parts.append(struct.pack(f">bhbi{len(times)}q", _T_LIST, 4, _T_I64, len(times), *times))
+    if response.firstIndex is not None:
+        parts.append(struct.pack(">bhq", _T_I64, 5, response.firstIndex))
+    parts.append(b"\x00\x00")
+
+
 def encode_consume_reply(seqid: int, response: Any) -> bytes:
     """The whole reply message (without the frame length) for ``response``."""
     return b"".join(encode_consume_reply_parts(seqid, response))
@@ -128,7 +139,11 @@ def encode_consume_reply_parts(seqid: int, response: Any) -> list[Any]:
     into one ``bytes``."""
     parts: list[Any] = [_REPLY_HEADER, _I32.pack(seqid), b"\x0c\x00\x00", b"\x0c\x00\x01"]
     _result_parts(response.result, parts)
-    items = response.itemList or []
+    items = response.itemList
+    if items is None:  # unset (error replies, as Java Luxun leaves them): no field 2
+        parts.append(struct.pack(">bhq", _T_I64, 3, response.lastConsumedIndex or 0))
+        _extension_parts(response, parts)
+        return [b"".join(parts)]
     parts.append(struct.pack(">bhbi", _T_LIST, 2, _T_STRING, len(items)))
     if isinstance(items, ItemBlob):
         out: list[Any] = [b"".join(parts)]
@@ -147,12 +162,7 @@ def encode_consume_reply_parts(seqid: int, response: Any) -> list[Any]:
             append(pack(len(item)))
             append(item)
     tail = [struct.pack(">bhq", _T_I64, 3, response.lastConsumedIndex or 0)]
-    times = response.timestampList
-    if times is not None:  # extension fields, only when asked for
-        tail.append(struct.pack(f">bhbi{len(times)}q", _T_LIST, 4, _T_I64, len(times), *times))
-    if response.firstIndex is not None:
-        tail.append(struct.pack(">bhq", _T_I64, 5, response.firstIndex))
-    tail.append(b"\x00\x00")  # end of ConsumeResponse, end of consume_result
+    _extension_parts(response, tail)
     if isinstance(items, ItemBlob):
         parts.append(b"".join(tail))
         return parts
@@ -239,3 +249,72 @@ def parse_produce_call(buf: bytes | bytearray, start: int, end: int) -> tuple[bo
     except (struct.error, UnicodeDecodeError):
         return None
     return oneway, seqid, item, topic
+
+
+# -- requests with a required field missing ---------------------------------------------------
+#: Optional fields (our IDL extensions): Java's generated toString shows them only when
+#: set; thriftpy2's spec does not tell optional from default requiredness.
+_OPTIONAL_FIELDS = frozenset({"maxWaitMs", "withTimestamps"})
+_T_BOOL, _T_BINARY = 2, 18
+_JAVA_BINARY_SHOWN = 128  # bytes of a binary field TBaseHelper.toString shows
+
+
+def _java_value(ttype: int, value: Any) -> str:
+    if ttype == _T_BINARY and isinstance(value, bytes | bytearray):
+        shown = " ".join(f"{b:02X}" for b in value[:_JAVA_BINARY_SHOWN])
+        return shown + ("..." if len(value) > _JAVA_BINARY_SHOWN else "")
+    if ttype == _T_STRUCT and hasattr(value, "thrift_spec"):
+        return java_struct_text(value)
+    if ttype == _T_BOOL:
+        return "true" if value else "false"
+    return str(value)
+
+
+def java_struct_text(obj: Any) -> str:
+    """``obj`` as Java's generated ``toString`` writes it: ``Name(field:value, ...)``;
+    unset fields show as ``null`` (objects) or their zero value (numbers), binary
+    as at most 128 hex bytes."""
+    parts = []
+    for ttype, name, *_ in (obj.thrift_spec[fid] for fid in sorted(obj.thrift_spec)):
+        value = getattr(obj, name)
+        if value is None:
+            if name in _OPTIONAL_FIELDS:
+                continue
+            text = "false" if ttype == _T_BOOL else "0" if ttype in (3, _T_I32, _T_I64, 6, 4) else "null"
+        else:
+            text = _java_value(ttype, value)
+        parts.append(f"{name}:{text}")
+    return f"{type(obj).__name__}({', '.join(parts)})"
+
+
+def required_fields(args_cls: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """For a call's args struct class: ``(argument name, its struct's required field
+    names)`` for each struct argument that has some (computed once per method, so that
+    the check on each call is a few ``getattr``)."""
+    out = []
+    for entry in args_cls.thrift_spec.values():
+        spec = getattr(entry[2], "thrift_spec", None) if len(entry) > 3 else None
+        if spec:
+            names = tuple(spec[fid][1] for fid in sorted(spec) if spec[fid][-1] is True)
+            if names:
+                out.append((entry[1], names))
+    return tuple(out)
+
+
+def missing_required_field(args: Any) -> str | None:
+    """For a decoded call's args struct: None when every required field of it and
+    of the structs it carries is set; else Java's message for the first one
+    missing (the text of its ``TProtocolException``, sent back as a
+    ``TApplicationException`` PROTOCOL_ERROR)::
+
+        Required field 'item' is unset! Struct:ProduceRequest(item:null, topic:t)
+    """
+    for obj in (args, *(getattr(args, entry[1]) for entry in args.thrift_spec.values())):
+        spec = getattr(obj, "thrift_spec", None)
+        if spec is None:
+            continue
+        for fid in sorted(spec):
+            entry = spec[fid]
+            if entry[-1] is True and getattr(obj, entry[1]) is None:
+                return f"Required field '{entry[1]}' is unset! Struct:{java_struct_text(obj)}"
+    return None

@@ -22,11 +22,12 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -209,11 +210,8 @@ def own_broker(data_parent: Path | None, name: str, broker_cpus: list[int] | Non
     dir and a random deleteTopic password, pinned to ``broker_cpus`` if given; wait for its
     "serving" log line; at the end SIGTERM it and remove the data dir. ``name`` (the
     benchmark's) prefixes the data dir and the progress lines on stderr."""
-    if data_parent is not None:
-        data_parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=data_parent))
+    root = _fresh_root(data_parent, name)
     data_dir = root / "data"
-    log_path = root / "broker.log"
     password = secrets.token_hex(8)
     command = [
         sys.executable, "-m", "luxun.cli", "serve",
@@ -222,6 +220,38 @@ def own_broker(data_parent: Path | None, name: str, broker_cpus: list[int] | Non
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
+    def ready(text: str) -> tuple[str, int] | None:
+        m = _SERVING.search(text)
+        return (m.group(1), int(m.group(2))) if m else None
+
+    with _broker_process(name, root, command, ready, password, broker_cpus, env=env, cwd=REPO) as info:
+        yield info
+
+
+def _fresh_root(data_parent: Path | None, name: str) -> Path:
+    if data_parent is not None:
+        data_parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=data_parent))
+
+
+@contextlib.contextmanager
+def _broker_process(
+    name: str,
+    root: Path,
+    command: list[str],
+    ready: Callable[[str], tuple[str, int] | None],
+    password: str | None,
+    broker_cpus: list[int] | None,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+    clean_exit_codes: tuple[int, ...] = (0,),
+) -> Iterator[BrokerInfo]:
+    """Run ``command`` (its output to ``root/broker.log``) until ``ready(log text)`` gives the
+    address it serves on; yield it; at the end SIGTERM it (kill after a timeout) and remove
+    ``root``. An exit code outside ``clean_exit_codes`` prints the log's tail."""
+    log_path = root / "broker.log"
+
     def pin() -> None:
         if broker_cpus:
             os.sched_setaffinity(0, broker_cpus)
@@ -229,20 +259,20 @@ def own_broker(data_parent: Path | None, name: str, broker_cpus: list[int] | Non
     info: BrokerInfo | None = None
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, preexec_fn=pin
+            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, preexec_fn=pin
         )
     try:
         deadline = time.monotonic() + BROKER_START_TIMEOUT_S
         while True:
             text = log_path.read_text(encoding="utf-8", errors="replace")
-            m = _SERVING.search(text)
-            if m:
-                info = BrokerInfo(m.group(1), int(m.group(2)), proc.pid, password, command, str(log_path))
+            address = ready(text)
+            if address:
+                info = BrokerInfo(address[0], address[1], proc.pid, password, command, str(log_path))
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the broker did not start (exit code {proc.poll()}); its log:\n{text[-3000:]}")
             time.sleep(0.05)
-        print(f"{name}: broker pid {proc.pid} on {info.host}:{info.port}, data in {data_dir}", file=sys.stderr)
+        print(f"{name}: broker pid {proc.pid} on {info.host}:{info.port}, files in {root}", file=sys.stderr)
         yield info
     finally:
         t = time.perf_counter()
@@ -257,10 +287,122 @@ def own_broker(data_parent: Path | None, name: str, broker_cpus: list[int] | Non
         if info is not None:
             info.exit_code = proc.returncode
             info.stop_seconds = round(time.perf_counter() - t, 2)
-        if proc.returncode not in (0, None):
+        if proc.returncode not in (*clean_exit_codes, None):
             text = log_path.read_text(encoding="utf-8", errors="replace")
             print(f"{name}: broker exit code {proc.returncode}; log tail:\n{text[-2000:]}", file=sys.stderr)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the Java Luxun build, to measure against ---------------------------------------------
+#: Where tests and benchmarks look for the Java Luxun 0.6.2 + bigqueue 0.7.2 build by default.
+JAVA_PEER_ENV: Final = "LUXUN_JAVA_PEER"
+
+
+def default_java_peer() -> Path:
+    """``$LUXUN_JAVA_PEER``, or ``<repo>/.peers/luxun-java``."""
+    return Path(os.environ.get(JAVA_PEER_ENV) or REPO / ".peers" / "luxun-java")
+
+
+@dataclass(frozen=True)
+class JavaPeer:
+    """The Java Luxun build (../shared/peers/luxun-java/README.md): its runtime classpath,
+    the bigqueue jar, the broker's conf folder and BigQueueBench's classes."""
+
+    root: Path
+    classpath: str
+    bigqueue_jar: Path
+    conf: Path
+    bench_classes: Path
+
+    @classmethod
+    def at(cls, root: Path) -> JavaPeer:
+        """The build under ``root``. Raises FileNotFoundError naming the first missing part."""
+        root = root.resolve()
+        cp_file = root / "build" / "classpath.txt"
+        jars = sorted((root / "build").glob("bigqueue-*.jar"))
+        conf = root / "src" / "luxun" / "conf"
+        bench = root / "bench" / "classes"
+        for path, what in (
+            (cp_file, "build/classpath.txt"),
+            (jars[0] if jars else root / "build" / "bigqueue-*.jar", "build/bigqueue-*.jar"),
+            (conf / "server.properties", "src/luxun/conf/server.properties"),
+            (conf / "log4j.properties", "src/luxun/conf/log4j.properties"),
+            (bench / "BigQueueBench.class", "bench/classes/BigQueueBench.class"),
+        ):
+            if not path.exists():
+                raise FileNotFoundError(f"no Java Luxun build at {root}: {what} is missing")
+        if shutil.which("java") is None:
+            raise FileNotFoundError("no `java` on PATH to run the Java Luxun build")
+        return cls(root, cp_file.read_text(encoding="utf-8").strip(), jars[-1], conf, bench)
+
+
+def java_version() -> str:
+    """The first line of ``java -version`` (e.g. ``openjdk version "17.0.15" 2025-04-15``), or ``"unknown"``."""
+    try:
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    lines = (out.stderr or out.stdout).strip().splitlines()
+    return lines[0] if lines else "unknown"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` a moment ago (for a server that cannot be given port 0)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_answers(host: str, port: int) -> bool:
+    """Whether a TCP connect to ``host:port`` succeeds."""
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def java_broker(
+    peer: JavaPeer,
+    data_parent: Path | None,
+    name: str,
+    broker_cpus: list[int] | None = None,
+    java_opts: tuple[str, ...] = (),
+) -> Iterator[BrokerInfo]:
+    """Start the Java Luxun broker on 127.0.0.1 (a free port) with a copy of its
+    ``server.properties`` where only ``log.dir`` (a temporary folder) and ``port`` change,
+    as the build's README says; ready once it logs "Thrift server started" and its port
+    answers. At the end SIGTERM it (its shutdown hook closes the logs) and remove the
+    folder. The deleteTopic password is the one in the file (``plain:luxun``)."""
+    root = _fresh_root(data_parent, f"{name}-java")
+    port = free_port()
+    props = (peer.conf / "server.properties").read_text(encoding="utf-8")
+    for key, value in (("log.dir", root / "data"), ("port", port)):
+        props, n = re.subn(rf"(?m)^{re.escape(key)}=.*$", f"{key}={value}", props)
+        if n != 1:
+            shutil.rmtree(root, ignore_errors=True)
+            raise RuntimeError(f"{peer.conf / 'server.properties'}: expected one `{key}=` line, found {n}")
+    m = re.search(r"(?m)^password=plain:(\S*)\s*$", props)
+    (root / "server.properties").write_text(props, encoding="utf-8")
+    command = [
+        "java", *java_opts, "-Dluxun.bind.host=127.0.0.1",
+        f"-Dlog4j.configuration=file:{peer.conf / 'log4j.properties'}",
+        "-cp", peer.classpath, "com.leansoft.luxun.Luxun", str(root / "server.properties"),
+    ]  # fmt: skip
+
+    def ready(text: str) -> tuple[str, int] | None:
+        if "fail to start" in text:
+            raise RuntimeError(f"the Java Luxun broker did not start on port {port}; its log:\n{text[-3000:]}")
+        if "Thrift server started" in text and port_answers("127.0.0.1", port):
+            return "127.0.0.1", port
+        return None
+
+    # The JVM exits with 143 (128 + SIGTERM) after running its shutdown hook.
+    with _broker_process(
+        name, root, command, ready, m.group(1) if m else None, broker_cpus, cwd=root, clean_exit_codes=(0, 143)
+    ) as info:
+        yield info
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ A program, not a test::
 
     .venv/bin/python perf/bench_bigarray.py            # full run (~3 min on 2 cores)
     .venv/bin/python perf/bench_bigarray.py --quick    # smoke run (~20 s)
+    .venv/bin/python perf/bench_bigarray.py --java .peers/luxun-java   # and Java bigqueue, same run
     .venv/bin/python perf/bench_bigarray.py --help
 
 Workloads, per item size (each one warmed up first, then timed; every loop is bounded by an
@@ -27,6 +28,14 @@ each runs its best loop (see ``PEER_METHODS``): persist-queue acknowledges a bat
 one state save, diskcache wraps a batch in one SQLite transaction, queuelib has nothing
 better than its plain loop. Peers are much slower, so they run with their own, smaller
 budget (``--peer-items``, ``--peer-mb``, ``--peer-seconds``).
+
+``--java PATH`` (the Java Luxun build, ../shared/peers/luxun-java/README.md) runs its
+BigQueueBench in the same run, at the sizes of ``--java-sizes``: Java bigqueue 0.7.2's
+``FanOutQueueImpl`` (what Luxun's Log wraps) and ``BigQueueImpl``, enqueue then dequeue,
+one item per call (bigqueue has no batch API), as many items as bigarray's workloads. Its
+repeats alternate with bigarray's (ABAB... per size: bigarray first in even repeats, Java
+first in odd ones); the table shows each side's median, the ratio bigarray / Java
+FanOutQueueImpl per workload, and issue 10's targets.
 """
 
 from __future__ import annotations
@@ -36,7 +45,10 @@ import contextlib
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +60,18 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import dist_versions, filesystem_of, fmt_rate, git_commit, load_average, machine_base, os_pretty_name
+from _common import (
+    JavaPeer,
+    default_java_peer,
+    dist_versions,
+    filesystem_of,
+    fmt_rate,
+    git_commit,
+    java_version,
+    load_average,
+    machine_base,
+    os_pretty_name,
+)
 
 from bigarray import BigArray, FanoutQueue
 
@@ -65,6 +88,23 @@ WARMUP_MAX_BYTES = 8 * MIB
 PEER_WARMUP_ITEMS = 20
 
 DEFAULT_SIZES = "100,1000,10000,100000"
+DEFAULT_JAVA_SIZES = "100,1000"
+#: Seconds one BigQueueBench process may take (it bounds each phase to 50 s itself).
+JAVA_TIMEOUT_S = 600.0
+#: A line of BigQueueBench: "FanOutQueue  size=100    enqueue  items=1000000 secs=0.370 ...".
+JAVA_LINE = re.compile(r"^(BigQueue|FanOutQueue)\s+size=(\d+)\s+(enqueue|dequeue)\s+items=(\d+)\s+secs=([\d.]+)", re.M)
+#: bigarray workload -> the Java bigqueue loop it is compared with (one item per call: no batch API).
+JAVA_WORKLOAD = {
+    "append": "enqueue",
+    "append_many": "enqueue",
+    "get": "dequeue",
+    "dequeue": "dequeue",
+    "read_range": "dequeue",
+    "dequeue_many": "dequeue",
+}
+#: Issue 10: bigarray / Java FanOutQueueImpl >= 0.5 per item, >= 3 for the batch calls.
+JAVA_GOALS = {"append": 0.5, "get": 0.5, "dequeue": 0.5, "append_many": 3.0, "read_range": 3.0, "dequeue_many": 3.0}
+JAVA_LIBRARIES = {"FanOutQueue": "java-fanout", "BigQueue": "java-bigqueue"}
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_bigarray.json"
 ALL_PEERS = ("persist-queue", "queuelib", "diskcache")
 #: Peers whose acknowledged items survive kill -9 (queuelib saves its state only on close).
@@ -189,14 +229,18 @@ def measure(
     if warmup:
         run_bounded(step, warmup, seconds, chunk)
     done, elapsed, stopped = run_bounded(step, count, seconds, chunk)
-    result = Result(library, workload, size, done, elapsed, stopped)
+    return log_result(Result(library, workload, size, done, elapsed, stopped))
+
+
+def log_result(r: Result) -> Result:
+    """Print ``r`` as a progress line on stderr; return it."""
     print(
-        f"  {library:<13} {workload:<12} {size:>7} B  {done:>9} items  {elapsed:6.2f} s  "
-        f"{fmt_rate(result.items_per_s):>8}/s  {result.mb_per_s:9.1f} MB/s  ({stopped})",
+        f"  {r.library:<13} {r.workload:<12} {r.item_size:>7} B  {r.items:>9} items  {r.seconds:6.2f} s  "
+        f"{fmt_rate(r.items_per_s):>8}/s  {r.mb_per_s:9.1f} MB/s  ({r.stopped_by})",
         file=sys.stderr,
         flush=True,
     )
-    return result
+    return r
 
 
 def make_pool(size: int, count: int) -> list[bytes]:
@@ -322,6 +366,63 @@ def remove_tree(path: Path, timeout_s: float = 10.0) -> None:
 def check(ok: bool, message: str) -> None:
     if not ok:
         raise SystemExit(f"bench_bigarray: sanity check failed: {message}")
+
+
+# -- Java bigqueue (the library Java Luxun embeds) -----------------------------------------
+def bench_java(peer: JavaPeer, size: int, root: Path, args: argparse.Namespace) -> list[Result]:
+    """One BigQueueBench process on a fresh folder: BigQueueImpl and FanOutQueueImpl, each
+    enqueue then dequeue of as many items of ``size`` bytes as bigarray's workloads do."""
+    count = max(1, min(int(args.items), int(args.max_mb * MIB) // size))
+    work = root / "java"
+    work.mkdir()
+    command = [
+        "java", *args.java_opts, "-cp", f"{peer.bench_classes}{os.pathsep}{peer.classpath}",
+        "BigQueueBench", str(work), str(count), str(size),
+    ]  # fmt: skip
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=JAVA_TIMEOUT_S)
+    finally:
+        remove_tree(work)
+    found = JAVA_LINE.findall(out.stdout)
+    if out.returncode != 0 or len(found) != 4:
+        raise SystemExit(
+            f"bench_bigarray: BigQueueBench {size} B exited with {out.returncode} and {len(found)} of 4 results:\n"
+            + (out.stdout + out.stderr)[-2000:]
+        )
+    return [
+        log_result(
+            Result(
+                JAVA_LIBRARIES[impl], phase, int(item_size), int(n), float(secs), "count" if int(n) >= count else "time"
+            )
+        )
+        for impl, item_size, phase, n, secs in found
+    ]
+
+
+def java_cells(results: list[Result], java: list[Result]) -> list[dict[str, Any]]:
+    """Per bigarray row with a Java FanOutQueueImpl figure at its size: both rates, the ratio, the goal."""
+    fanout = {(r.workload, r.item_size): r for r in java if r.library == "java-fanout"}
+    out = []
+    for r in results:
+        j = fanout.get((JAVA_WORKLOAD[r.workload], r.item_size))
+        if j is None:
+            continue
+        ratio = r.items_per_s / j.items_per_s if j.items_per_s else None
+        goal = JAVA_GOALS[r.workload]
+        out.append(
+            {
+                "workload": r.workload,
+                "item_size": r.item_size,
+                "bigarray_items_per_s": r.items_per_s,
+                "java_workload": f"FanOutQueueImpl {j.workload}",
+                "java_items_per_s": j.items_per_s,
+                "java_runs": j.runs,
+                "ratio": ratio,
+                "goal": goal,
+                "reached": None if ratio is None else ratio >= goal,
+            }
+        )
+    return out
 
 
 # -- peers ----------------------------------------------------------------------------------
@@ -583,6 +684,7 @@ def render(
     peer_results: list[Result],
     names: list[str],
     goals: list[dict[str, Any]],
+    java: list[dict[str, Any]],
 ) -> str:
     peers = {(r.library, r.workload, r.item_size): r for r in peer_results}
     lines = [
@@ -617,6 +719,25 @@ def render(
         f"bigarray/s: median of {config['repeat']} run(s); spread: (max - min) / median over the runs; "
         "x durable: vs the best crash-safe peer (not queuelib)"
     )
+    if java:
+        head = f"{'workload':<13}{'size B':>7}{'bigarray/s':>11}{'Java/s':>10}  {'Java loop':<26}{'ratio':>7}  target"
+        lines += [
+            "",
+            f"bigarray against Java bigqueue 0.7.2 FanOutQueueImpl, same run ({machine.get('java', 'java')}); "
+            "Java: its one-item loops (no batch API); ratio = bigarray / Java",
+            head,
+            "-" * len(head),
+        ]
+        for c in java:
+            ratio = f"{c['ratio']:.2f}" if c["ratio"] is not None else "-"
+            mark = f">={c['goal']}x " + ("ok" if c["reached"] else "MISS")
+            lines.append(
+                f"{c['workload']:<13}{c['item_size']:>7}{fmt_rate(c['bigarray_items_per_s']):>11}"
+                f"{fmt_rate(c['java_items_per_s']):>10}  {c['java_workload']:<26}{ratio:>7}  {mark}"
+            )
+        lines.append(f"rows at their target: {sum(bool(c['reached']) for c in java)} of {len(java)}")
+    else:
+        lines += ["", "Java bigqueue: no ratio was measured in this run (give --java PATH to the Java Luxun build)."]
     lines += ["", "targets:"]
     for g in goals:
         mark = {True: "reached    ", False: "NOT reached", None: "n/a        "}[g["reached"]]
@@ -654,6 +775,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--peers", default=",".join(ALL_PEERS), help=f"comma-separated subset of {','.join(ALL_PEERS)}, or 'none'"
     )
+    p.add_argument(
+        "--java",
+        nargs="?",
+        type=Path,
+        const=default_java_peer(),
+        help="the Java Luxun build: run its BigQueueBench (Java bigqueue 0.7.2) in the same run\n"
+        f"(default PATH: ${{LUXUN_JAVA_PEER}} or {default_java_peer()})",
+    )
+    p.add_argument(
+        "--java-sizes", default=DEFAULT_JAVA_SIZES, help=f"item sizes Java runs at (default {DEFAULT_JAVA_SIZES})"
+    )
+    p.add_argument("--java-opts", default="", help="JVM options for BigQueueBench (default none)")
     p.add_argument("--data-page-mb", type=int, default=128, help="BigArray data page size in MiB (default 128)")
     p.add_argument(
         "--data-dir", type=Path, help="where a temporary working dir is made and removed afterwards (default: /tmp)"
@@ -677,6 +810,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown peer(s) {unknown}; choose from {list(ALL_PEERS)}")
     args.peers = [n for n in ALL_PEERS if n in names]
+    args.java_opts = shlex.split(args.java_opts)
+    args.java_peer = None
+    if args.java is not None:
+        try:
+            args.java_peer = JavaPeer.at(args.java)
+            args.java_sizes = [int(s) for s in args.java_sizes.split(",") if s.strip()]
+        except FileNotFoundError as e:
+            p.error(str(e))
+        except ValueError:
+            p.error("--java-sizes takes integers, e.g. 100,1000")
     return args
 
 
@@ -697,20 +840,32 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     results: list[Result] = []
     peer_results: list[Result] = []
+    java_results: list[Result] = []
     with work_dir(args.data_dir) as root:
         machine = machine_info(root)
+        if args.java_peer:
+            machine["java"] = java_version()
         print(f"bench_bigarray: working in {root}", file=sys.stderr, flush=True)
         for size in args.sizes:
             size_dir = root / f"size-{size}"
             size_dir.mkdir()
-            repeats = []
+            repeats, java_repeats = [], []
+            with_java = args.java_peer is not None and size in args.java_sizes
             for i in range(args.repeat):
-                run_dir = size_dir / f"run-{i}"
-                run_dir.mkdir()
-                os.sync()  # start each run with no write-back of earlier runs pending
-                repeats.append(bench_bigarray(size, run_dir, args))
-                remove_tree(run_dir)
+                for side in ("bigarray", "java") if i % 2 == 0 else ("java", "bigarray"):
+                    if side == "java" and not with_java:
+                        continue
+                    run_dir = size_dir / f"run-{i}-{side}"
+                    run_dir.mkdir()
+                    os.sync()  # start each run with no write-back of earlier runs pending
+                    if side == "java":
+                        java_repeats.append(bench_java(args.java_peer, size, run_dir, args))
+                    else:
+                        repeats.append(bench_bigarray(size, run_dir, args))
+                    remove_tree(run_dir)
             results += median_results(repeats)
+            if java_repeats:
+                java_results += median_results(java_repeats)
             for name in args.peers:
                 os.sync()
                 peer_results += bench_peer(name, size, size_dir, args)
@@ -723,11 +878,15 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "batch": f"min({BATCH_MAX_ITEMS} items, {BATCH_MAX_BYTES} bytes)",
         "read_max_bytes": READ_MAX_BYTES,
+        "java_build": str(args.java_peer.root) if args.java_peer else None,
+        "java_sizes": args.java_sizes if args.java_peer else [],
+        "java_opts": args.java_opts,
     }
     ours = {(r.workload, r.item_size): r for r in results}
     peers = {(r.library, r.workload, r.item_size): r for r in peer_results}
+    cells = java_cells(results, java_results)
     goals = targets(ours, peers, args.peers)
-    print(render(machine, config, results, peer_results, args.peers, goals))
+    print(render(machine, config, results, peer_results, args.peers, goals, cells))
     report = {
         "benchmark": "bench_bigarray",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -749,6 +908,15 @@ def main(argv: list[str] | None = None) -> int:
             if (best := best_peer(peers, [n for n in args.peers if n in DURABLE_PEERS], r.workload, r.item_size))
         },
         "targets": [{k: v for k, v in g.items() if k != "shown"} for g in goals],
+        "java_bigqueue": {
+            "measured_in_this_run": bool(java_results),
+            "what": "BigQueueBench: Java bigqueue 0.7.2 FanOutQueueImpl and BigQueueImpl, enqueue then dequeue, "
+            "one item per call; the ratio is bigarray / FanOutQueueImpl, median of each side's repeats",
+            "compared_with": JAVA_WORKLOAD,
+            "goals": JAVA_GOALS,
+            "results": [r.to_json() for r in java_results],
+            "cells": cells,
+        },
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -3,7 +3,8 @@
 A program, not a test::
 
     .venv/bin/python perf/bench_broker.py            # full run (~5 min on 2 cores)
-    .venv/bin/python perf/bench_broker.py --quick    # smoke run (~1 min)
+    .venv/bin/python perf/bench_broker.py --quick    # smoke run (~30 s; with --java --floor ~2-3 min)
+    .venv/bin/python perf/bench_broker.py --java .peers/luxun-java --floor   # against Java Luxun, ABBA
     .venv/bin/python perf/bench_broker.py --workloads produce --sizes 100 --placement split
     .venv/bin/python perf/bench_broker.py --broker 127.0.0.1:9092 --password secret
     .venv/bin/python perf/bench_broker.py --help
@@ -12,13 +13,24 @@ It starts its own broker (``python -m luxun.cli serve``) on 127.0.0.1, on a free
 with a temporary data directory that is removed afterwards, and stops it with SIGTERM;
 ``--broker host:port`` uses a running broker instead.
 
+``--java PATH`` (the Java Luxun 0.6.2 build, ../shared/peers/luxun-java/README.md) runs the
+Java broker too, in the same run: per item size, the brokers take turns in ABBA order
+(ours, Java, Java, ours; ``--rounds`` repeats it), each started fresh on a new data dir
+and warmed up, with the same client code and the same workloads. Each side's figure for a
+cell is the best of its passes; the table shows ours, Java's and the ratio (ours / Java),
+the JSON every run of both. ``--floor`` adds the floor of a sync call: the same client
+against servers with an empty handler (a raw socket echo of a canned reply, and
+thriftpy2's threaded server), in the same turns.
+
 Workloads, per item size (``--sizes``) and per number of client processes
 (``--clients``; every client is its own process with its own connection):
 
 ==============  ======================================================================
 produce         sync ``produce``, one item per call
-async_produce   oneway ``asyncProduce``; timed until every item has arrived (getSize
-                polled from another connection until it reaches the expected count)
+async_produce   oneway ``asyncProduce``; timed from the first send until every item has
+                arrived (getSize polled from another connection until it reaches the
+                expected count); then every item is read back and checked (client,
+                sequence number, contents), and only the checked ones are counted
 group_fetch     ``consume`` by fanout group, ``maxFetchSize`` = 1 MiB
 group_single    ``consume`` by fanout group, ``maxFetchSize`` = 0 (one item per call)
 index_fetch     ``consume`` by ``startIndex``, ``maxFetchSize`` = 1 MiB
@@ -50,12 +62,15 @@ import json
 import multiprocessing as mp
 import os
 import secrets
+import shlex
 import socket
+import struct
 import sys
+import threading
 import time
 import traceback
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,10 +78,24 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from _common import BrokerInfo, collect_reports, external_broker, fmt_rate, load_average, machine_info, own_broker  # noqa: E402
+from _common import (  # noqa: E402
+    BrokerInfo,
+    JavaPeer,
+    collect_reports,
+    default_java_peer,
+    external_broker,
+    fmt_rate,
+    free_port,
+    java_broker,
+    java_version,
+    load_average,
+    machine_info,
+    own_broker,
+    port_answers,
+)
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
-from thriftpy2.thrift import TClient  # noqa: E402
-from thriftpy2.transport import TCyFramedTransportFactory, TSocket  # noqa: E402
+from thriftpy2.thrift import TClient, TMessageType, TProcessor  # noqa: E402
+from thriftpy2.transport import TCyFramedTransportFactory, TCyMemoryBuffer, TServerSocket, TSocket  # noqa: E402
 
 from idl import QueueService  # noqa: E402
 from idl import luxun_thrift as T  # noqa: E402
@@ -78,6 +107,9 @@ TRY_LATER = T.ResultCode.TRY_LATER
 
 DEFAULT_SIZES = "100,1000,10000,100000"
 DEFAULT_CLIENTS = "1,4"
+QUICK_SIZES = "100,100000"
+#: async_produce stamps each item with (client, sequence number) in its first bytes.
+STAMP = struct.Struct(">II")
 DEFAULT_FETCH_BYTES = MIB
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_broker.json"
 #: Oneway calls sent between two reads of the clock.
@@ -98,7 +130,8 @@ CONSUME_WORKLOADS = ("group_fetch", "group_single", "index_fetch", "index_single
 WORKLOADS = WRITE_WORKLOADS + CONSUME_WORKLOADS
 WORKLOAD_TEXT = {
     "produce": "sync produce, one item per call",
-    "async_produce": "oneway asyncProduce; timed until getSize sees every item",
+    "async_produce": "oneway asyncProduce, end to end: first send -> getSize sees every item; "
+    "only the items read back and checked count",
     "group_fetch": "consume by fanout group, maxFetchSize 1 MiB",
     "group_single": "consume by fanout group, maxFetchSize 0 (one item per call)",
     "index_fetch": "consume by startIndex, maxFetchSize 1 MiB",
@@ -116,27 +149,24 @@ BUDGETS: dict[str, tuple[float, float]] = {
     "prefill_mb": (64, 8),
     "drain_seconds": (30.0, 10.0),
     "repeat": (1, 1),
+    "rounds": (1, 1),
+    "broker_warmup_seconds": (1.0, 0.2),
 }
 
-#: The Java Luxun broker measured earlier on this machine with the same thriftpy2 client and
-#: one connection (/work/shared/notes/performance-facts.md). NOT measured by this program:
-#: no Java Luxun build is available here. (workload, size, clients) -> (value, unit).
-JAVA_LUXUN: dict[tuple[str, int, int], tuple[float, str]] = {
-    ("produce", 100, 1): (19e3, "calls/s"),
-    ("async_produce", 1000, 1): (87e3, "items/s"),
-    ("async_produce", 100_000, 1): (236.0, "MB/s"),
-    # The notes say "consume with 1 MiB fetches", not whether by group or by index.
-    ("group_fetch", 100, 1): (1.45e6, "items/s"),
-    ("group_fetch", 100_000, 1): (730.0, "MB/s"),
-    ("index_fetch", 100, 1): (1.45e6, "items/s"),
-    ("index_fetch", 100_000, 1): (730.0, "MB/s"),
+#: The brokers compared: ours, the Java Luxun build (--java), the empty-handler floors (--floor).
+FLOOR_SIDES = ("floor-raw", "floor-thriftpy2")
+SIDE_TEXT = {
+    "ours": "luxun (python -m luxun.cli serve)",
+    "java": "Java Luxun 0.6.2 (com.leansoft.luxun.Luxun, thrift TNonblockingServer)",
+    "floor-raw": "floor: a Python socket thread per connection that answers each call frame with a canned "
+    "produce reply (no decoding, no handler)",
+    "floor-thriftpy2": "floor: thriftpy2 TThreadedServer (Cython binary protocol, framed, TCP_NODELAY) whose "
+    "produce handler returns a constant",
 }
-JAVA_LUXUN_SOURCE = (
-    "Java Luxun, measured earlier on this machine, same client (thriftpy2, 1 connection); "
-    "from /work/shared/notes/performance-facts.md, NOT measured in this run (no Java Luxun build is available here)"
-)
+#: Issue 10's targets, ours / Java per cell: 1 connection >= 1.2x, 4 clients >= 1.5x.
+RATIO_TARGETS = {1: 1.2, 4: 1.5}
 
-#: The issue's targets: (label, workload, size, metric, goal). Judged on 1 client, like the Java figures.
+#: The earlier absolute targets: (label, workload, size, metric, goal). Judged on 1 client.
 TARGETS: list[tuple[str, str, int, str, float]] = [
     ("sync produce 100 B >= 25 k calls/s", "produce", 100, "calls_per_s", 25e3),
     ("asyncProduce 1 KB >= 120 k items/s", "async_produce", 1000, "items_per_s", 120e3),
@@ -194,9 +224,12 @@ def process_cpu_s(pid: int | None) -> float | None:
 Step = Callable[[int], tuple[int, int]]
 
 
-def make_step(client: Any, spec: dict[str, Any], worker: int, phase: str) -> Step:
+def make_step(client: Any, spec: dict[str, Any], worker: int, phase: str, sent: list[int] | None = None) -> Step:
     """One client's unit of work for ``spec["workload"]``: ``step(left)`` does one call (or a
-    chunk of oneway calls, at most ``left`` items) and returns (calls, items)."""
+    chunk of oneway calls, at most ``left`` items) and returns (calls, items).
+
+    async_produce stamps every item with (``worker``, sequence number) in its first 8 bytes;
+    ``sent[0]`` is the next sequence number, kept across the warm-up and the timed run."""
     workload = spec["workload"]
     topic = spec["topic"]
     if workload in ("produce", "async_produce", "prefill"):
@@ -212,11 +245,27 @@ def make_step(client: Any, spec: dict[str, Any], worker: int, phase: str) -> Ste
 
             return produce_step
         async_produce = client.asyncProduce
+        if workload == "prefill":
+
+            def prefill_step(left: int) -> tuple[int, int]:
+                k = min(ASYNC_CHUNK, left)
+                for _ in range(k):
+                    async_produce(request)
+                return k, k
+
+            return prefill_step
+        stamped = bytearray(spec["item"])  # written into the frame before each call returns
+        request.item = stamped
+        stamp = STAMP.pack_into
+        seq = sent if sent is not None else [0]
 
         def async_step(left: int) -> tuple[int, int]:
             k = min(ASYNC_CHUNK, left)
-            for _ in range(k):
+            first = seq[0]
+            for i in range(first, first + k):
+                stamp(stamped, 0, worker, i)
                 async_produce(request)
+            seq[0] = first + k
             return k, k
 
         return async_step
@@ -331,12 +380,13 @@ def client_main(spec: dict[str, Any], worker: int, barrier: Any, results: Any) -
         topic = spec["topic"]
         workload = spec["workload"]
         warm_sent = 0
+        sent = [0]  # async_produce's next sequence number
         if spec["warmup_items"] > 0:
-            step = make_step(client, spec, worker, "warm")
+            step = make_step(client, spec, worker, "warm", sent)
             _, warm_sent, _ = run_loop(step, spec["warmup_items"], spec["warmup_seconds"], None)
             if workload in ("async_produce", "prefill"):
                 topic_size(client, topic)  # a round trip: the broker has handled every oneway call before it
-        step = make_step(client, spec, worker, "run")
+        step = make_step(client, spec, worker, "run", sent)
         latencies = array("q") if workload not in ("async_produce", "prefill") else None
         barrier.wait(BARRIER_TIMEOUT_S)
         cpu0 = time.process_time()
@@ -376,6 +426,7 @@ class Result:
     item_size: int
     clients: int
     topics: str  # "own" or "shared"
+    side: str  # "ours", "java", or one of FLOOR_SIDES
     calls: int
     items: int
     seconds: float
@@ -444,6 +495,134 @@ def run_clients(specs: list[dict[str, Any]], timeout_s: float) -> list[dict[str,
     return sorted(out, key=lambda r: r["worker"])
 
 
+# -- the floor of a sync call: servers with an empty handler --------------------------------
+def canned_produce_reply() -> bytes:
+    """The framed reply to ``produce`` (SUCCESS, index 0), as thriftpy2 encodes it."""
+    buf = TCyMemoryBuffer()
+    proto = TCyBinaryProtocolFactory().get_protocol(buf)
+    proto.write_message_begin("produce", TMessageType.REPLY, 0)
+    QueueService.produce_result(success=T.ProduceResponse(result=T.Result(resultCode=SUCCESS), index=0)).write(proto)
+    proto.write_message_end()
+    body = buf.getvalue()
+    return len(body).to_bytes(4, "big") + body
+
+
+def serve_raw_connection(conn: socket.socket, reply: bytes) -> None:
+    """Answer every complete call frame on ``conn`` with ``reply`` (oneway frames get none)."""
+    buf = bytearray()
+    with conn:
+        while data := conn.recv(1 << 20):
+            buf += data
+            pos = replies = 0
+            while len(buf) - pos >= 8:
+                n = int.from_bytes(buf[pos : pos + 4], "big")
+                if len(buf) - pos - 4 < n:
+                    break
+                replies += buf[pos + 7] != TMessageType.ONEWAY  # strict binary protocol: version, type
+                pos += 4 + n
+            del buf[:pos]
+            if replies:
+                conn.sendall(reply * replies)
+
+
+class NoDelayServerSocket(TServerSocket):  # type: ignore[misc]
+    """thriftpy2's server socket, with TCP_NODELAY on every accepted connection (as our broker)."""
+
+    def accept(self) -> TSocket:
+        client = super().accept()
+        client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return client
+
+
+def floor_main(kind: str, port: int, cpus: list[int] | None) -> None:
+    """A floor server process on 127.0.0.1:``port``, serving until SIGTERM."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    reply = canned_produce_reply()
+    if kind == "floor-raw":
+        with socket.create_server(("127.0.0.1", port)) as srv:
+            while True:
+                conn, _ = srv.accept()
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                threading.Thread(target=serve_raw_connection, args=(conn, reply), daemon=True).start()
+    response = T.ProduceResponse(result=T.Result(resultCode=SUCCESS), index=0)
+
+    class EmptyHandler:
+        def produce(self, request: Any) -> Any:
+            return response
+
+        def asyncProduce(self, request: Any) -> None:
+            pass
+
+    from thriftpy2.server import TThreadedServer
+
+    TThreadedServer(
+        TProcessor(QueueService, EmptyHandler()),
+        NoDelayServerSocket(host="127.0.0.1", port=port, client_timeout=None),
+        iprot_factory=TCyBinaryProtocolFactory(),
+        itrans_factory=TCyFramedTransportFactory(),
+        daemon=True,
+    ).serve()
+
+
+@contextlib.contextmanager
+def floor_server(kind: str, cpus: list[int] | None) -> Iterator[BrokerInfo]:
+    """Run :func:`floor_main` in a forked process until its port answers; SIGTERM it at the end."""
+    port = free_port()
+    info: BrokerInfo | None = None
+    proc = mp.get_context("fork").Process(target=floor_main, args=(kind, port, cpus), daemon=True)
+    proc.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not port_answers("127.0.0.1", port):
+            if not proc.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the {kind} server did not start on port {port} (exit code {proc.exitcode})")
+            time.sleep(0.02)
+        info = BrokerInfo("127.0.0.1", port, proc.pid, None, [kind], None)
+        yield info
+    finally:
+        t = time.perf_counter()
+        proc.terminate()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        if info is not None:
+            info.exit_code, info.stop_seconds = proc.exitcode, round(time.perf_counter() - t, 2)
+
+
+def side_broker(side: str, args: argparse.Namespace, broker_cpus: list[int] | None) -> Any:
+    """The broker of ``side`` (a context manager giving its BrokerInfo)."""
+    if side == "java":
+        return java_broker(args.java_peer, args.data_dir, "bench_broker", broker_cpus, tuple(args.java_opts))
+    if side in FLOOR_SIDES:
+        return floor_server(side, broker_cpus)
+    if args.broker:
+        return external_broker(args.broker, args.password)
+    return own_broker(args.data_dir, "bench_broker", broker_cpus)
+
+
+def warm_broker(ctx: Context, item: bytes) -> None:
+    """Untimed, bounded by ``--broker-warmup-seconds``: sync produce, asyncProduce and the
+    four kinds of consume on a topic of its own, so a fresh broker (a JVM's JIT above all)
+    has run every path before the first timed run. The topic is deleted afterwards."""
+    topic = f"{ctx.tag}-warm-{len(item)}"
+    client = ctx.monitor
+    deadline = time.perf_counter() + ctx.args.broker_warmup_seconds
+    produced = 0
+    while time.perf_counter() < deadline and produced < 100_000:
+        for _ in range(64):
+            client.asyncProduce(T.ProduceRequest(item=item, topic=topic))
+        r = client.produce(T.ProduceRequest(item=item, topic=topic))
+        if r.result.resultCode != SUCCESS:
+            raise RuntimeError(f"warm-up produce to {topic!r}: {result_text(r.result)}")
+        produced += 65
+        for fetch in (ctx.args.fetch_bytes, 0):
+            client.consume(T.ConsumeRequest(topic=topic, fanoutId=f"warm-{fetch}", maxFetchSize=fetch))
+            client.consume(T.ConsumeRequest(topic=topic, startIndex=produced // 2, maxFetchSize=fetch))
+    delete_topics(ctx, [topic])
+
+
 @dataclass
 class Context:
     """What every run needs: where the broker is and the budgets."""
@@ -456,6 +635,7 @@ class Context:
     monitor: Any  # a client for getSize / deleteTopic, on its own connection
     args: argparse.Namespace
     tag: str  # unique per bench run: topic and group names start with it
+    side: str = "ours"  # which broker: "ours", "java", or one of FLOOR_SIDES
 
 
 def base_spec(ctx: Context, workload: str, item: bytes, topic: str) -> dict[str, Any]:
@@ -511,6 +691,7 @@ def summarize(
         item_size=size,
         clients=clients,
         topics=ctx.args.topics,
+        side=ctx.side,
         calls=sum(r["calls"] for r in reports),
         items=sum(r["items"] for r in reports),
         seconds=seconds,
@@ -603,18 +784,74 @@ def run_write(ctx: Context, workload: str, size: int, clients: int, item: bytes,
         arrived_missing = sum(max(0, n - sizes[t]) for t, n in expected.items())
         if stopped:
             result.stopped_by = stopped
-            result.items -= arrived_missing
-            result.calls -= arrived_missing
+        t = time.perf_counter()
+        check = check_async(ctx, reports, item)
+        # Only the timed items that arrived, in order and intact, count.
+        result.items = result.calls = check["checked_items"]
+        if check["bad_items"] or check["missing_items"]:
+            result.stopped_by += "+check-failed"
         send_s = sent_end - min(r["t0"] for r in reports)
         result.extra = {
             "send_seconds": send_s,
             "send_items_per_s": sum(r["items"] for r in reports) / send_s if send_s > 0 else 0.0,
             "drain_seconds": now - sent_end,
-            "missing_items": arrived_missing,
+            "missing_at_drain_end": arrived_missing,
+            **check,
+            "check_seconds": time.perf_counter() - t,
         }
         return result
     finally:
         delete_topics(ctx, topics)
+
+
+def read_topic(ctx: Context, topic: str, fetch_bytes: int) -> Iterator[bytes]:
+    """Every item of ``topic`` from its tail to its head (as the broker knows them now),
+    read by index through the monitor connection."""
+    r = ctx.monitor.findClosestIndexByTime(T.FindClosestIndexByTimeRequest(timestamp=T.EARLIEST_TIME, topic=topic))
+    if r.result.resultCode != SUCCESS:
+        raise RuntimeError(f"the tail of topic {topic!r}: {result_text(r.result)}")
+    index = r.index
+    head = index + topic_size(ctx.monitor, topic)
+    request = T.ConsumeRequest(topic=topic, maxFetchSize=fetch_bytes)
+    while index < head:
+        request.startIndex = index
+        r = ctx.monitor.consume(request)
+        if r.result.resultCode != SUCCESS or not r.itemList:
+            raise RuntimeError(f"reading {topic!r} back at index {index} of {head}: {result_text(r.result)}")
+        yield from r.itemList
+        index += len(r.itemList)
+
+
+def check_async(ctx: Context, reports: list[dict[str, Any]], item: bytes) -> dict[str, int]:
+    """Read every async_produce topic back and check it: first the item that created the
+    topic, then each client's stamped items in the order it sent them (sequence numbers 0,
+    1, ... across its warm-up and its timed run), each the right size with the right bytes
+    after the stamp. Returns the timed items that passed (``checked_items``), the items that
+    did not (``bad_items``: wrong size or bytes, a sequence number out of order, a stranger)
+    and the sent items never read (``missing_items``)."""
+    tail_bytes = item[STAMP.size :]
+    sent = {r["worker"]: r["warmup_items"] + r["items"] for r in reports}
+    warm = {r["worker"]: r["warmup_items"] for r in reports}
+    by_topic: dict[str, list[int]] = {}
+    for r in reports:
+        by_topic.setdefault(r["topic"], []).append(r["worker"])
+    checked = bad = missing = 0
+    unpack = STAMP.unpack_from
+    for topic, workers in by_topic.items():
+        expect = dict.fromkeys(workers, 0)
+        items = read_topic(ctx, topic, max(MIB, 4 * len(item)))
+        if next(items, None) != item:  # the item that created the topic
+            bad += 1
+        for got in items:
+            worker, seq = unpack(got) if len(got) == len(item) else (-1, -1)
+            if worker in expect and seq == expect[worker] and got.endswith(tail_bytes):
+                checked += seq >= warm[worker]
+            else:
+                bad += 1
+            if worker in expect and seq >= expect[worker]:
+                expect[worker] = seq + 1
+        missing += sum(sent[w] - expect[w] for w in workers)
+    return {"checked_items": checked, "bad_items": bad, "missing_items": missing}
 
 
 def prefill(ctx: Context, topics: list[str], size: int, item: bytes) -> dict[str, tuple[int, int]]:
@@ -685,7 +922,8 @@ def log_result(r: Result) -> None:
     lat = f"  p50 {r.p50_us:8.1f} us  p99 {r.p99_us:8.1f} us" if r.p50_us is not None else ""
     cpu = f"  broker CPU {r.broker_cpu:4.2f}" if r.broker_cpu is not None else ""
     print(
-        f"  {r.workload:<13} {r.item_size:>7} B  {r.clients} client(s)  {r.items:>9} items  {r.seconds:6.2f} s  "
+        f"  {r.side:<6.6} {r.workload:<13} {r.item_size:>7} B  {r.clients} client(s)  {r.items:>9} items  "
+        f"{r.seconds:6.2f} s  "
         f"{fmt_rate(r.calls_per_s):>8} calls/s  {fmt_rate(r.items_per_s):>8} items/s  {r.mb_per_s:8.1f} MB/s"
         f"{lat}{cpu}  ({r.stopped_by})",
         file=sys.stderr,
@@ -694,14 +932,8 @@ def log_result(r: Result) -> None:
 
 
 # -- report ---------------------------------------------------------------------------------
-def fmt_java(value: float, unit: str) -> str:
-    if unit == "MB/s":
-        return f"{value:.0f} MB/s"
-    return f"{fmt_rate(value)} {unit.split('/')[0]}/s"
-
-
 def targets(results: list[Result]) -> list[dict[str, Any]]:
-    """The issue's targets, judged on the 1-client runs (the 4-client value shown too)."""
+    """The absolute targets, judged on the 1-client runs (the other client counts shown too)."""
     by_key = {(r.workload, r.item_size, r.clients): r for r in results}
     out = []
     for label, workload, size, metric, goal in TARGETS:
@@ -713,8 +945,6 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
             for (w, s, c), r in sorted(by_key.items())
             if w == workload and s == size and c != 1
         ]
-        java = JAVA_LUXUN.get((workload, size, 1))
-        detail = "; ".join(others + ([f"Java Luxun (earlier, not this run): {fmt_java(*java)}"] if java else []))
         out.append(
             {
                 "target": label,
@@ -725,7 +955,7 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
                 "value_1_client": value,
                 "reached": None if value is None else value >= goal,
                 "shown": shown,
-                "detail": detail,
+                "detail": "; ".join(others),
             }
         )
     return out
@@ -737,34 +967,102 @@ def fmt_metric(value: float, metric: str) -> str:
     return f"{fmt_rate(value)} {'calls' if metric == 'calls_per_s' else 'items'}/s"
 
 
+Cell = tuple[str, int, int]  # (workload, item size, clients)
+
+
+def best_runs(runs: dict[str, dict[Cell, list[Result]]], side: str) -> dict[Cell, Result]:
+    """Each cell's best pass (highest items/s) of ``side``."""
+    return {cell: max(rs, key=lambda r: r.items_per_s) for cell, rs in runs.get(side, {}).items()}
+
+
+def compare(runs: dict[str, dict[Cell, list[Result]]], other: str) -> list[dict[str, Any]]:
+    """Per cell that both ours and ``other`` ran: both best rates, the ratio ours / other,
+    and the ratio of each pair of passes (the first pass of each side, then the second...)."""
+    ours, theirs = runs.get("ours", {}), runs.get(other, {})
+    out = []
+    for cell in sorted(set(ours) & set(theirs), key=cell_order):
+        a = max(r.items_per_s for r in ours[cell])
+        b = max(r.items_per_s for r in theirs[cell])
+        pairs = [x.items_per_s / y.items_per_s for x, y in zip(ours[cell], theirs[cell], strict=False) if y.items]
+        goal = RATIO_TARGETS.get(cell[2]) if other == "java" else None
+        ratio = a / b if b > 0 else None
+        out.append(
+            {
+                "workload": cell[0],
+                "item_size": cell[1],
+                "clients": cell[2],
+                "ours_items_per_s": a,
+                f"{other}_items_per_s": b,
+                "ratio": ratio,
+                "pair_ratios": pairs,
+                "goal": goal,
+                "reached": None if goal is None or ratio is None else ratio >= goal,
+                "ours_runs": [r.to_json() for r in ours[cell]],
+                f"{other}_runs": [r.to_json() for r in theirs[cell]],
+            }
+        )
+    return out
+
+
+def cell_order(cell: Cell) -> tuple[int, int, int]:
+    return WORKLOADS.index(cell[0]), cell[1], cell[2]
+
+
+def render_comparison(rows: list[dict[str, Any]], other: str, title: str) -> list[str]:
+    """The table of ``compare``'s rows: ours, the other side's, the ratio and each pass pair's."""
+    head = (
+        f"{'workload':<14}{'size B':>7}{'cli':>4}{'ours items/s':>14}{other + ' items/s':>24}{'ratio':>7}"
+        f"  {'pass pairs':<17}{'target'}"
+    )
+    lines = ["", title, head, "-" * len(head)]
+    for c in rows:
+        mark = "" if c["goal"] is None else f">={c['goal']}x " + ("ok" if c["reached"] else "MISS")
+        ratio = f"{c['ratio']:.2f}" if c["ratio"] is not None else "-"
+        lines.append(
+            f"{c['workload']:<14}{c['item_size']:>7}{c['clients']:>4}{fmt_rate(c['ours_items_per_s']):>14}"
+            f"{fmt_rate(c[other + '_items_per_s']):>24}{ratio:>7}  "
+            f"{' '.join(f'{x:.2f}' for x in c['pair_ratios']):<17}{mark}"
+        )
+    return lines
+
+
 def render(
     machine: dict[str, Any],
     config: dict[str, Any],
-    broker: BrokerInfo,
+    brokers: list[dict[str, Any]],
     results: list[Result],
     goals: list[dict[str, Any]],
+    comparisons: dict[str, list[dict[str, Any]]],
 ) -> str:
+    ours_broker = next(b for b in brokers if b["side"] == "ours")
+    passes = config["passes"]
     lines = [
         "luxun broker benchmark (Thrift QueueService, thriftpy2 clients)",
         f"machine: {machine['cpu']}, {machine['cores']} cores ({machine['cores_usable']} usable), "
         f"{machine['ram_gib']} GiB RAM; {machine['os']}, Linux {machine['kernel']}",
         f"python {machine['python']}, thriftpy2 {machine['thriftpy2']} (Cython binary protocol, framed transport, "
-        f"TCP_NODELAY); git {machine['git_commit']}",
+        f"TCP_NODELAY); git {machine['git_commit']}" + (f"; {machine['java']}" if "java" in machine else ""),
         f"load average (1, 5, 15 min) at start {machine['load_average_start']}, at end {machine['load_average_end']}",
-        f"broker: {'own, pid ' + str(broker.pid) if broker.pid else 'external'} on {broker.host}:{broker.port}; "
-        f"data dir {machine['data_dir']} ({machine['data_dir_filesystem']}); placement: {config['placement']}",
+        ("broker: own" if ours_broker["own"] else f"broker: external, {ours_broker['host']}:{ours_broker['port']}")
+        + f"; data dir {machine['data_dir']} ({machine['data_dir_filesystem']}); placement: {config['placement']}",
+        f"brokers in turn, per item size: {' '.join(passes)}"
+        + (
+            " (each started fresh, new data dir, warmed up); each side's figure is the best of its passes"
+            if len(passes) > 1
+            else ""
+        ),
         f"clients: separate processes, one connection each; topics: {config['topics']} "
         f"({'one per client' if config['topics'] == 'own' else 'one for all; each consumer its own group/index'})",
         f"budget per run: {config['seconds']} s / {config['items']} items / {config['max_mb']} MiB (split over the "
         f"clients), after a warm-up of {config['warmup_seconds']} s / {config['warmup_items']} items per client; "
         f"consume topics pre-filled with min({config['prefill_items']} items, {config['prefill_mb']} MiB) each",
-        "rates over the span first client start -> last client end (async_produce: -> getSize saw every item); "
-        "MB = 10^6 bytes; p50/p99: per sync call",
+        "rates over the span first client start -> last client end (async_produce: first send -> getSize saw every "
+        "item; only items read back and checked count); MB = 10^6 bytes; p50/p99: per sync call",
         "CPU: broker / all clients, CPU seconds per wall second (2.00 = two cores busy)"
         + (
-            f"; every row is the median of {config['repeat']} runs, spread = (max - min) / median items/s"
+            f"; every run is the median of {config['repeat']} runs, spread = (max - min) / median items/s"
             if config["repeat"] > 1
-            else "; one run per row"
+            else ""
         ),
         "",
     ]
@@ -772,29 +1070,44 @@ def render(
     head = (
         f"{'workload':<14}{'size B':>7}{'cli':>4}{'calls/s':>10}{'items/s':>10}{'MB/s':>9}"
         + (f"{'spread':>7}" if repeats else "")
-        + f"{'p50 us':>9}{'p99 us':>9}{'brk CPU':>8}{'cli CPU':>8}  {'Java Luxun*':<16}{'stopped by'}"
+        + f"{'p50 us':>9}{'p99 us':>9}{'brk CPU':>8}{'cli CPU':>8}  {'stopped by'}"
     )
-    lines += [head, "-" * len(head)]
-    order = {w: i for i, w in enumerate(WORKLOADS)}
-    for r in sorted(results, key=lambda r: (order[r.workload], r.item_size, r.clients)):
-        java = JAVA_LUXUN.get((r.workload, r.item_size, r.clients))
+    lines += ["ours:", head, "-" * len(head)]
+    for r in sorted(results, key=lambda r: cell_order((r.workload, r.item_size, r.clients))):
         lat = f"{r.p50_us:>9.0f}{r.p99_us:>9.0f}" if r.p50_us is not None else f"{'-':>9}{'-':>9}"
         cpu = "".join(f"{x:>8.2f}" if x is not None else f"{'-':>8}" for x in (r.broker_cpu, r.client_cpu))
         lines.append(
             f"{r.workload:<14}{r.item_size:>7}{r.clients:>4}{fmt_rate(r.calls_per_s):>10}"
             f"{fmt_rate(r.items_per_s):>10}{r.mb_per_s:>9.1f}"
             + (f"{r.spread:>7.0%}" if repeats else "")
-            + f"{lat}{cpu}  "
-            f"{fmt_java(*java) if java else '':<16}{r.stopped_by}"
+            + f"{lat}{cpu}  {r.stopped_by}"
         )
+    if "java" in comparisons:
+        lines += render_comparison(
+            comparisons["java"],
+            "java",
+            "ours against Java Luxun, same run (items/s; ratio = ours / Java, best pass of each; pass pairs: "
+            "the ratio of each ABBA pair; target: issue 10)",
+        )
+        judged = [c for c in comparisons["java"] if c["reached"] is not None]
+        lines.append(f"cells at their target: {sum(c['reached'] for c in judged)} of {len(judged)}")
+    else:
+        lines += ["", "Java Luxun: no ratio was measured in this run (give --java PATH to the Java Luxun build)."]
+    for side in FLOOR_SIDES:
+        if side in comparisons:
+            lines += render_comparison(
+                comparisons[side],
+                side,
+                f"ours against the {side} (sync produce; ratio = ours / floor: the share of the floor we reach)",
+            )
     lines += [
-        f"* {JAVA_LUXUN_SOURCE}.",
-        "  The notes give one 'consume with 1 MiB fetches' figure; it is shown for both group_fetch and index_fetch.",
         "",
+        "brokers:",
+        *(f"  {side:<16}{SIDE_TEXT[side]}" for side in dict.fromkeys(passes)),
         "workloads:",
         *(f"  {w:<14}{WORKLOAD_TEXT[w]}" for w in WORKLOADS),
         "",
-        "targets (judged on 1 client, as the Java figures; other client counts shown for information):",
+        "targets (ours, judged on 1 client; other client counts shown for information):",
     ]
     for g in goals:
         mark = {True: "reached    ", False: "NOT reached", None: "n/a        "}[g["reached"]]
@@ -807,8 +1120,28 @@ def render(
 # -- main -----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"item sizes in bytes (default {DEFAULT_SIZES})")
+    p.add_argument("--sizes", help=f"item sizes in bytes, at least 8 (default {DEFAULT_SIZES}; --quick {QUICK_SIZES})")
     p.add_argument("--clients", default=DEFAULT_CLIENTS, help=f"client process counts (default {DEFAULT_CLIENTS})")
+    p.add_argument(
+        "--java",
+        nargs="?",
+        type=Path,
+        const=default_java_peer(),
+        help="the Java Luxun build to run against ours, in ABBA turns per item size\n"
+        f"(default PATH: ${{LUXUN_JAVA_PEER}} or {default_java_peer()})",
+    )
+    p.add_argument("--java-opts", default="", help="JVM options for the Java broker, e.g. '-Xmx2g' (default none)")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run sync produce against servers with an empty handler (raw socket, thriftpy2)",
+    )
+    p.add_argument("--rounds", type=int, help="ABBA turns per item size with --java/--floor (default 1)")
+    p.add_argument(
+        "--broker-warmup-seconds",
+        type=float,
+        help="untimed calls of every kind after each broker start (default 1; --quick 0.2)",
+    )
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of " + ",".join(WORKLOADS))
     p.add_argument(
         "--topics",
@@ -856,12 +1189,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     try:
-        args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        args.sizes = [int(s) for s in (args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)).split(",") if s]
         args.clients = sorted({int(s) for s in args.clients.split(",") if s.strip()})
     except ValueError:
         p.error("--sizes and --clients take integers, e.g. 100,1000")
-    if not args.sizes or min(args.sizes) <= 0:
-        p.error("--sizes must be positive")
+    if not args.sizes or min(args.sizes) < STAMP.size:
+        p.error(f"--sizes must be at least {STAMP.size} (async_produce stamps each item)")
     if not args.clients or min(args.clients) <= 0:
         p.error("--clients must be positive")
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -869,6 +1202,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not names:
         p.error(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")
     args.workloads = [w for w in WORKLOADS if w in names]
+    args.java_opts = shlex.split(args.java_opts)
+    args.java_peer = None
+    if args.java is not None:
+        if args.broker:
+            p.error("--java starts its own brokers (not with --broker)")
+        try:
+            args.java_peer = JavaPeer.at(args.java)
+        except FileNotFoundError as e:
+            p.error(str(e))
+    if args.floor and args.broker:
+        p.error("--floor starts its own servers (not with --broker)")
     if args.placement != "free":
         if args.broker:
             p.error("--placement needs the broker this program starts (not --broker)")
@@ -890,52 +1234,47 @@ def placement_cpus(placement: str) -> tuple[list[int] | None, list[int] | None]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.time()
-    machine = machine_info(args.data_dir, thriftpy2=importlib.metadata.version("thriftpy2"))
+    extra = {"thriftpy2": importlib.metadata.version("thriftpy2")}
+    if args.java_peer:
+        extra["java"] = java_version()
+    machine = machine_info(args.data_dir, **extra)
     broker_cpus, client_cpus = placement_cpus(args.placement)
-    results: list[Result] = []
-    broker_cm = (
-        external_broker(args.broker, args.password)
-        if args.broker
-        else own_broker(args.data_dir, "bench_broker", broker_cpus)
+    sides = ["ours"] + (["java"] if args.java_peer else []) + (list(FLOOR_SIDES) if args.floor else [])
+    passes = (sides + sides[::-1]) * args.rounds if len(sides) > 1 else sides
+    # One broker for all sizes when ours runs alone (as before); else fresh brokers per size, in turns.
+    blocks = (
+        [(args.sizes, side) for side in passes]
+        if len(sides) == 1
+        else [([size], side) for size in args.sizes for side in passes]
     )
-    with broker_cm as broker:
-        monitor, _ = connect(broker.host, broker.port)
-        ctx = Context(
-            host=broker.host,
-            port=broker.port,
-            broker_pid=broker.pid,
-            password=broker.password,
-            client_cpus=client_cpus,
-            monitor=monitor,
-            args=args,
-            tag=f"bench-{secrets.token_hex(3)}",
-        )
-        if ctx.password is None:
-            print("bench_broker: no --password: the bench topics stay on the broker", file=sys.stderr)
-        for size in args.sizes:
-            item = os.urandom(size)
-            for workload in (w for w in args.workloads if w in WRITE_WORKLOADS):
-                for clients in args.clients:
-                    runs = [run_write(ctx, workload, size, clients, item, i) for i in range(args.repeat)]
-                    results.append(median_result(runs))
-            consume = [w for w in args.workloads if w in CONSUME_WORKLOADS]
-            if consume:
-                pool = topics_for(ctx, f"consume-{size}", max(args.clients))
-                pool = list(dict.fromkeys(pool))
-                try:
-                    os.sync()
-                    filled = prefill(ctx, pool, size, item)
-                    os.sync()  # the prefill's write-back is not left to the timed reads
-                    settle(ctx)
-                    for workload in consume:
-                        for clients in args.clients:
-                            runs = [
-                                run_consume(ctx, workload, size, clients, filled, pool, i) for i in range(args.repeat)
-                            ]
-                            results.append(median_result(runs))
-                finally:
-                    delete_topics(ctx, pool)
-        monitor._iprot.trans.close()
+    runs: dict[str, dict[Cell, list[Result]]] = {}
+    brokers: list[dict[str, Any]] = []
+    tag = f"bench-{secrets.token_hex(3)}"
+    for sizes, side in blocks:
+        workloads = [w for w in args.workloads if w == "produce"] if side in FLOOR_SIDES else args.workloads
+        if not workloads:
+            continue
+        with side_broker(side, args, broker_cpus) as broker:
+            monitor, _ = connect(broker.host, broker.port)
+            ctx = Context(
+                host=broker.host,
+                port=broker.port,
+                broker_pid=broker.pid,
+                password=broker.password,
+                client_cpus=client_cpus,
+                monitor=monitor,
+                args=args,
+                tag=tag,
+                side=side,
+            )
+            if ctx.password is None and side not in FLOOR_SIDES:
+                print("bench_broker: no --password: the bench topics stay on the broker", file=sys.stderr)
+            for result in run_block(ctx, sizes, workloads):
+                runs.setdefault(side, {}).setdefault((result.workload, result.item_size, result.clients), []).append(
+                    result
+                )
+            monitor._iprot.trans.close()
+        brokers.append({"side": side, "sizes": sizes, **broker_json(broker)})
     machine["load_average_end"] = load_average()
     config = {k: getattr(args, k) for k in BUDGETS} | {
         "sizes": args.sizes,
@@ -947,39 +1286,79 @@ def main(argv: list[str] | None = None) -> int:
         "broker_cpus": broker_cpus,
         "client_cpus": client_cpus,
         "quick": args.quick,
+        "sides": sides,
+        "passes": passes,
+        "java_build": str(args.java_peer.root) if args.java_peer else None,
+        "java_opts": args.java_opts,
     }
+    results = list(best_runs(runs, "ours").values())
     goals = targets(results)
-    print(render(machine, config, broker, results, goals))
+    comparisons = {side: compare(runs, side) for side in sides[1:]}
+    print(render(machine, config, brokers, results, goals, comparisons))
     report = {
         "benchmark": "bench_broker",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": round(time.time() - started, 1),
         "machine": machine,
         "config": config,
-        "broker": {
-            "own": broker.pid is not None,
-            "host": broker.host,
-            "port": broker.port,
-            "command": [("plain:<random>" if a.startswith("plain:") else a) for a in broker.command],
-            "exit_code": broker.exit_code,
-            "stop_seconds": broker.stop_seconds,
-        },
+        "brokers": brokers,
+        "sides": {side: SIDE_TEXT[side] for side in sides},
         "workloads": WORKLOAD_TEXT,
         "results": [r.to_json() for r in results],
         "java_luxun": {
-            "source": JAVA_LUXUN_SOURCE,
-            "measured_in_this_run": False,
-            "figures": [
-                {"workload": w, "item_size": s, "clients": c, "value": v, "unit": u}
-                for (w, s, c), (v, u) in JAVA_LUXUN.items()
-            ],
+            "measured_in_this_run": bool(args.java_peer),
+            "ratio": "ours items/s / Java items/s, best pass of each side",
+            "goals": {f"{c} client(s)": g for c, g in RATIO_TARGETS.items()},
+            "cells": comparisons.get("java", []),
         },
+        "floor": {side: comparisons[side] for side in FLOOR_SIDES if side in comparisons},
         "targets": [{k: v for k, v in g.items() if k != "shown"} for g in goals],
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"\nresults written to {args.json} ({report['duration_s']} s)")
     return 0
+
+
+def broker_json(broker: BrokerInfo) -> dict[str, Any]:
+    return {
+        "own": broker.pid is not None,
+        "host": broker.host,
+        "port": broker.port,
+        "command": [("plain:<random>" if a.startswith("plain:") else a) for a in broker.command],
+        "exit_code": broker.exit_code,
+        "stop_seconds": broker.stop_seconds,
+    }
+
+
+def run_block(ctx: Context, sizes: list[int], workloads: list[str]) -> list[Result]:
+    """Every run of ``workloads`` at ``sizes`` on the broker of ``ctx``, each the median of --repeat."""
+    args = ctx.args
+    results = []
+    for size in sizes:
+        item = os.urandom(size)
+        if ctx.side in ("ours", "java"):
+            warm_broker(ctx, item)
+        for workload in (w for w in workloads if w in WRITE_WORKLOADS):
+            for clients in args.clients:
+                runs = [run_write(ctx, workload, size, clients, item, i) for i in range(args.repeat)]
+                results.append(median_result(runs))
+        consume = [w for w in workloads if w in CONSUME_WORKLOADS]
+        if consume:
+            pool = topics_for(ctx, f"consume-{size}", max(args.clients))
+            pool = list(dict.fromkeys(pool))
+            try:
+                os.sync()
+                filled = prefill(ctx, pool, size, item)
+                os.sync()  # the prefill's write-back is not left to the timed reads
+                settle(ctx)
+                for workload in consume:
+                    for clients in args.clients:
+                        runs = [run_consume(ctx, workload, size, clients, filled, pool, i) for i in range(args.repeat)]
+                        results.append(median_result(runs))
+            finally:
+                delete_topics(ctx, pool)
+    return results
 
 
 if __name__ == "__main__":

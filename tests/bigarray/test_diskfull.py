@@ -352,3 +352,76 @@ def test_creating_an_array_on_a_full_disk(tmpfs):
     assert res["errno"] == errno.ENOSPC
     assert res["error"] == "DiskFullError"
     assert not [n for n in res["left"] if n.endswith(".tmp")], res["left"]
+
+
+STEP_BOUNDARY = textwrap.dedent(
+    """
+    from bigarray import format as fmt
+    arr = BigArray({path!r}, data_page_size=8 << 20, reserve_step=64 * 1024, prefetch={prefetch})
+    for i in range({before}):
+        arr.append(make_item(i, {size}))
+    fill_up({mnt!r})   # the file system has no free block left from here on
+    try:
+        while True:     # what is reserved still takes appends, the next step does not
+            arr.append(make_item(arr.head, {size}))
+    except DiskFullError as exc:
+        result["errno"] = exc.errno
+        result["message"] = str(exc)
+    result["full_at"] = arr.head
+    result["data_pages"] = sorted(os.listdir(os.path.join({path!r}, "data")))
+    try:
+        arr.append_many([make_item(arr.head + k, {size}) for k in range(3)])
+        result["many"] = None
+    except DiskFullError:
+        result["many"] = "DiskFullError"
+    result["head_after_many"] = arr.head
+    check_all(arr)
+    os.unlink(os.path.join({mnt!r}, "filler"))   # space is back: appends go on
+    for k in range(300):
+        arr.append(make_item(arr.head, {size}))
+    arr.append_many([make_item(arr.head + k, {size}) for k in range(300)])
+    result["head"] = arr.head
+    check_all(arr)
+    arr.close()
+    arr = BigArray({path!r})
+    result["head_after_reopen"] = arr.head
+    check_all(arr)
+    arr.close()
+    """
+)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_full_tmpfs_at_a_data_step_boundary_inside_a_page(tmpfs, prefetch):
+    """Data pages are sparse and reserved 64 KiB at a time here: with the disk full, the
+    appends that fit in the reserved step succeed, the first one past it is a clean
+    DiskFullError in the middle of the 8 MiB page (a write into the unreserved hole
+    would have been a SIGBUS), and nothing is lost."""
+    res = run_child(
+        STEP_BOUNDARY,
+        path=str(tmpfs / "a"),
+        mnt=str(tmpfs),
+        prefetch=prefetch,
+        before=50,
+        size=1000,
+        prelude=FILL_UP,
+    )
+    assert res["errno"] == errno.ENOSPC
+    assert "reserve" in res["message"] and "data" in res["message"], res["message"]
+    assert res["full_at"] == 65  # 64 KiB step / 1000-byte items
+    assert res["data_pages"] == ["page-0.dat"]  # inside the first page (8 MiB)
+    assert (res["many"], res["head_after_many"]) == ("DiskFullError", 65)
+    assert res["head"] == 65 + 600
+    assert res["head_after_reopen"] == res["head"]
+
+
+def test_full_tmpfs_at_an_index_step_boundary(tmpfs):
+    """The index page is reserved in steps too: 4 KiB steps hold 128 index items."""
+    body = STEP_BOUNDARY.replace("reserve_step=64 * 1024", "reserve_step=4096")
+    res = run_child(body, path=str(tmpfs / "a"), mnt=str(tmpfs), prefetch=False, before=100, size=16, prelude=FILL_UP)
+    assert res["errno"] == errno.ENOSPC
+    assert "index" in res["message"], res["message"]
+    assert res["full_at"] == 128
+    assert (res["many"], res["head_after_many"]) == ("DiskFullError", 128)
+    assert res["head"] == 128 + 600
+    assert res["head_after_reopen"] == res["head"]

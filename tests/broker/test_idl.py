@@ -166,6 +166,9 @@ API_STRUCTS = [
     "GetSizeRequest",
     "GetSizeResponse",
 ]
+#: Structs and methods of ours that the original IDL does not have (new names only).
+EXTENSION_STRUCTS = ["TopicInfo", "ListTopicsRequest", "ListTopicsResponse"]
+EXTENSION_METHODS = ["listTopics"]
 MESSAGE_STRUCTS = ["TMessageList", "TMessagePack"]
 
 PROTOCOLS = [TBinaryProtocolFactory(), TCyBinaryProtocolFactory()]
@@ -288,6 +291,19 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
     "DeleteTopicResponse": {1: (TType.STRUCT, "result", "Result", True)},
     "GetSizeRequest": {1: (TType.STRING, "topic", True), 3: (TType.STRING, "fanoutId", False)},
     "GetSizeResponse": {1: (TType.STRUCT, "result", "Result", True), 2: (TType.I64, "size", False)},
+    "TopicInfo": {
+        1: (TType.STRING, "name", True),
+        2: (TType.I64, "size", False),
+        3: (TType.I64, "tailIndex", False),
+        4: (TType.I64, "headIndex", False),
+        5: (TType.I64, "diskBytes", False),
+        6: (TType.MAP, "groupLag", (TType.STRING, TType.I64), False),
+    },
+    "ListTopicsRequest": {},
+    "ListTopicsResponse": {
+        1: (TType.STRUCT, "result", "Result", True),
+        2: (TType.LIST, "topics", (TType.STRUCT, T.TopicInfo), False),
+    },
     "TMessageList": {1: (TType.LIST, "messages", TType.BINARY, False)},
     "TMessagePack": {
         1: (TType.BYTE, "magic", False),
@@ -298,14 +314,14 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
 }
 
 
-@pytest.mark.parametrize("name", API_STRUCTS + MESSAGE_STRUCTS)
+@pytest.mark.parametrize("name", API_STRUCTS + MESSAGE_STRUCTS + EXTENSION_STRUCTS)
 def test_struct_field_ids_types_and_requiredness(name: str) -> None:
     module = M if name in MESSAGE_STRUCTS else T
     assert _normalise(getattr(module, name).thrift_spec) == EXPECTED_SPECS[name]
 
 
 def test_every_struct_is_covered() -> None:
-    assert sorted(s.__name__ for s in T.__thrift_meta__["structs"]) == sorted(API_STRUCTS)
+    assert sorted(s.__name__ for s in T.__thrift_meta__["structs"]) == sorted(API_STRUCTS + EXTENSION_STRUCTS)
     assert sorted(s.__name__ for s in M.__thrift_meta__["structs"]) == sorted(MESSAGE_STRUCTS)
 
 
@@ -373,7 +389,8 @@ def test_enums_and_constants_match_original(original: Any, original_message: Any
 
 
 def test_service_matches_original(original: Any) -> None:
-    assert T.QueueService.thrift_services == original.QueueService.thrift_services
+    """Every original method is unchanged; ours only adds new methods, at the end."""
+    assert T.QueueService.thrift_services == original.QueueService.thrift_services + EXTENSION_METHODS
     for method in original.QueueService.thrift_services:
         for suffix in ("_args", "_result"):
             ours = getattr(T.QueueService, method + suffix)
@@ -385,6 +402,16 @@ def test_service_matches_original(original: Any) -> None:
         )
 
 
+def test_list_topics_is_a_documented_extension() -> None:
+    text = Path(idl.LUXUN_THRIFT).read_text()
+    before = text[: text.index("struct TopicInfo")]
+    assert "EXTENSION" in before[before.rindex("\n\n") :]
+    assert re.search(r"EXTENSION.*\n\s*ListTopicsResponse listTopics\(1: ListTopicsRequest listTopicsRequest\);", text)
+    assert _normalise(QueueService.listTopics_args.thrift_spec) == {
+        1: (TType.STRUCT, "listTopicsRequest", "ListTopicsRequest", False)
+    }
+
+
 def test_service_methods_and_oneway() -> None:
     assert QueueService.thrift_services == [
         "produce",
@@ -393,6 +420,7 @@ def test_service_methods_and_oneway() -> None:
         "findClosestIndexByTime",
         "deleteTopic",
         "getSize",
+        "listTopics",
     ]
     oneway = {m for m in QueueService.thrift_services if getattr(QueueService, m + "_result").oneway}
     assert oneway == {"asyncProduce"}
@@ -546,10 +574,10 @@ def test_only_all_message_consumed_is_retriable_and_try_later() -> None:
 @pytest.mark.parametrize(
     ("error", "code", "parts"),
     [
-        (errors.TopicNotExist("logs", broker_id=3), "TOPIC_NOT_EXIST", ["'logs'", "broker 3"]),
+        (errors.TopicNotExist("logs", broker_id=3), "TOPIC_NOT_EXIST", ["topic logs does not", "broker 3"]),
         (errors.IndexOutOfBounds("logs", 17, 5, 10), "INDEX_OUT_OF_BOUNDS", ["17", "'logs'", "[5, 10)"]),
         (errors.InvalidTopic("a/b", "must not contain '/'"), "INVALID_TOPIC", ["'a/b'", "'/'"]),
-        (errors.TopicIsEmpty("logs"), "TOPIC_IS_EMPTY", ["'logs'", "empty"]),
+        (errors.TopicIsEmpty("logs"), "TOPIC_IS_EMPTY", ["topic logs is empty"]),
         (errors.AuthenticationFailure("logs"), "AUTHENTICATION_FAILURE", ["'logs'", "wrong password"]),
         (errors.MessageSizeTooLarge("logs", 2000, 1024), "MESSAGE_SIZE_TOO_LARGE", ["2000", "1024", "'logs'"]),
         (errors.AllMessageConsumed("logs", fanout_id="g"), "ALL_MESSAGE_CONSUMED", ["'logs'", "'g'", "try later"]),

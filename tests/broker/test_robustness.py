@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from idl import QueueService
@@ -138,35 +139,84 @@ def test_a_slow_client_sending_half_a_frame_does_not_block_others(broker: Any, c
 
 
 def read_consume_reply(reply: bytes) -> Any:
+    """The ConsumeResponse of a reply frame, or the TApplicationException it carries."""
     (size,) = struct.unpack(">i", reply[:4])
     assert size == len(reply) - 4, "exactly one whole reply frame"
     proto = TCyBinaryProtocol(TCyMemoryBuffer(reply[4:]))
-    name, _, _ = proto.read_message_begin()
+    name, kind, _ = proto.read_message_begin()
     assert name == "consume"
+    if kind == TMessageType.EXCEPTION:
+        error = TApplicationException()
+        error.read(proto)
+        return error
     result = QueueService.consume_result()
     result.read(proto)
     return result.success
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "want"),
     [
-        b"\x00",  # no ConsumeRequest at all
-        b"\x0c\x00\x01\x00\x00",  # an empty ConsumeRequest: no topic
-        b"\x0c\x00\x01\x08\x00\x01\x00\x00\x00\x07\x00\x00",  # topic sent as an i32
-        b"\x0c\x00\x01\x0b\x00\x01\x00\x00\x00\x01t\x08\x00\x04\xff\xff\xff\xff\x02\x00\x06\x01\x00\x00",  # fetch -1
+        (b"\x00", (TApplicationException.INTERNAL_ERROR, "Internal error processing consume")),  # no request
+        (b"\x0c\x00\x01\x00\x00", (TApplicationException.PROTOCOL_ERROR, "Required field 'topic' is unset!")),
+        (
+            b"\x0c\x00\x01\x08\x00\x01\x00\x00\x00\x07\x00\x00",  # topic sent as an i32: skipped, so missing
+            (TApplicationException.PROTOCOL_ERROR, "Required field 'topic' is unset!"),
+        ),
+        (
+            b"\x0c\x00\x01\x0b\x00\x01\x00\x00\x00\x01t\x08\x00\x04\xff\xff\xff\xff\x02\x00\x06\x01\x00\x00",
+            None,
+        ),  # fetch -1
     ],
     ids=["no request", "no topic", "topic of the wrong type", "negative fetch with timestamps"],
 )
-def test_odd_consume_requests_get_an_answer(broker: Any, client: Any, body: bytes) -> None:
-    """Well-formed frames with missing or mistyped consume fields: an error reply (or,
-    for a negative maxFetchSize, one item), and the broker keeps serving."""
+def test_odd_consume_requests_get_an_answer(broker: Any, client: Any, body: bytes, want: Any) -> None:
+    """Well-formed frames with missing or mistyped consume fields: Java Luxun's
+    TApplicationException (or, for a negative maxFetchSize, one item), no traceback
+    in the log, and the broker keeps serving."""
     client.produce(T.ProduceRequest(item=b"x", topic="t"))
     response = read_consume_reply(send_raw(broker.port, framed(message(b"consume", body))))
-    if body.endswith(b"\x02\x00\x06\x01\x00\x00"):
+    if want is None:
         assert (response.result.resultCode, response.itemList, response.timestampList[0] > 0) == (0, [b"x"], True)
     else:
-        assert response.result.resultCode == T.ResultCode.FAILURE
-        assert response.result.errorCode in (T.ErrorCode.INTERNAL_ERROR, T.ErrorCode.INVALID_TOPIC)
+        assert isinstance(response, TApplicationException)
+        assert response.type == want[0] and response.message.startswith(want[1]), response
     assert client.consume(T.ConsumeRequest(topic="t", startIndex=0, maxFetchSize=100)).itemList == [b"x"]
     assert broker.proc.poll() is None
+    assert "Traceback" not in broker.log()
+
+
+def test_calls_without_their_request_struct_are_answered(broker: Any) -> None:
+    """Every call with an empty args struct, on one connection: answered as Java Luxun
+    does (produce and consume: TApplicationException INTERNAL_ERROR; the others an
+    INTERNAL_ERROR Result), the connection stays open, no traceback is logged."""
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
+        for seqid, api in enumerate(["produce", "consume", "findClosestIndexByTime", "deleteTopic", "getSize"]):
+            s.sendall(framed(message(api.encode(), b"\x00", seqid)))
+            (size,) = struct.unpack(">i", _read(s, 4))
+            proto = TCyBinaryProtocol(TCyMemoryBuffer(_read(s, size)))
+            name, kind, got_seqid = proto.read_message_begin()
+            assert (name, got_seqid) == (api, seqid)
+            if api in ("produce", "consume"):
+                assert kind == TMessageType.EXCEPTION
+                error = TApplicationException()
+                error.read(proto)
+                assert (error.type, error.message) == (
+                    TApplicationException.INTERNAL_ERROR,
+                    f"Internal error processing {api}",
+                )
+            else:
+                result = getattr(QueueService, api + "_result")()
+                result.read(proto)
+                assert result.success.result.errorCode == T.ErrorCode.INTERNAL_ERROR
+                assert "needs a" in result.success.result.errorMessage
+    assert "Traceback" not in broker.log() and "AttributeError" not in broker.log()
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "connection closed"
+        data += chunk
+    return data

@@ -213,7 +213,7 @@ def test_broker_cli_quickstart(brokers: StartBroker) -> None:
         "produce": ["--broker", address(broker)],
         "consume": ["--broker", address(broker)],
         "delete": ["--broker", address(broker)],
-        "topics": ["--metrics", f"http://127.0.0.1:{broker.metrics_port}"],
+        "topics": ["--broker", address(broker)],  # listTopics on the QueueService port
     }
 
     def produced(done: subprocess.CompletedProcess[bytes]) -> None:
