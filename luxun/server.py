@@ -641,7 +641,7 @@ class ThriftServer:
             iprot.read_message_end()
         except Exception as exc:
             self.metrics.bad_frames += 1
-            log.warning("closing connection from %s: undecodable request (%s)", peer, exc)
+            _rate_limited.warning("undecodable", "closing connection from %s: undecodable request (%s)", peer, exc)
             return False
         if method is None:
             unknown = TApplicationException.UNKNOWN_METHOD

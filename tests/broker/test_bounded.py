@@ -288,3 +288,20 @@ def test_a_flood_of_bad_frames_logs_a_few_lines(broker: Any, client: Any) -> Non
     assert 1 <= len(lines) < 10, lines[:20]
     assert "frame of 2147483647 bytes" in lines[0]
     check_normal_client(client, "still", 3)
+
+
+def test_a_flood_of_undecodable_frames_logs_a_few_lines(broker: Any, client: Any) -> None:
+    """300 connections each sending a frame that is not a Thrift message: a few log
+    lines (before: 300)."""
+    garbage = struct.pack(">i", 8) + b"\x80\x02\x00\x01" + b"\xff" * 4  # unknown protocol version
+    lines_before = len(broker.log().splitlines())
+    for _ in range(300):
+        with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
+            s.sendall(garbage)
+            s.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):
+                assert s.recv(1) == b""
+    lines = broker.log().splitlines()[lines_before:]
+    assert 1 <= len(lines) < 10, lines[:20]
+    assert "undecodable request" in lines[0]
+    check_normal_client(client, "still", 3)
