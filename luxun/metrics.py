@@ -11,6 +11,7 @@ Thread-safety: ``observe`` may be called from any thread (a lock guards the maps
 from __future__ import annotations
 
 import bisect
+import errno
 import html
 import json
 import logging
@@ -20,7 +21,10 @@ from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .logs import RateLimitedLog
+
 log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
 
 #: Latency histogram bucket upper bounds, in seconds.
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
@@ -58,6 +62,10 @@ class Metrics:
         self.connections_total = 0
         self.connections_refused = 0
         self.bad_frames = 0
+        self.accept_failures = 0
+        self.input_buffer_bytes = 0
+        self.input_buffer_waits = 0
+        self.input_buffer_closed = 0
         self.started = time.time()
 
     def observe(self, call: str, seconds: float, error_code: int | None, count: int = 1) -> None:
@@ -103,10 +111,22 @@ class Metrics:
         out.append(f"luxun_connections_open {self.connections_open}")
         family("luxun_connections_total", "counter", "Client connections accepted.")
         out.append(f"luxun_connections_total {self.connections_total}")
-        family("luxun_connections_refused_total", "counter", "Connections refused over the connection limit.")
+        family(
+            "luxun_connections_refused_total",
+            "counter",
+            "Connections closed at once: over the connection limit, or out of file descriptors.",
+        )
         out.append(f"luxun_connections_refused_total {self.connections_refused}")
         family("luxun_bad_frames_total", "counter", "Connections closed for a malformed or oversized frame.")
         out.append(f"luxun_bad_frames_total {self.bad_frames}")
+        family("luxun_accept_failures_total", "counter", "accept() calls that failed (e.g. out of file descriptors).")
+        out.append(f"luxun_accept_failures_total {self.accept_failures}")
+        family("luxun_input_buffer_bytes", "gauge", "Receive buffer bytes held by connections (the input budget used).")
+        out.append(f"luxun_input_buffer_bytes {self.input_buffer_bytes}")
+        family("luxun_input_buffer_waits_total", "counter", "Times a connection stopped reading for the input budget.")
+        out.append(f"luxun_input_buffer_waits_total {self.input_buffer_waits}")
+        family("luxun_input_buffer_closed_total", "counter", "Connections closed because the input budget stayed full.")
+        out.append(f"luxun_input_buffer_closed_total {self.input_buffer_closed}")
 
         rows = [_topic_row(t) for t in topics]
         per_topic = (
@@ -184,6 +204,22 @@ def status_page(topics: Iterable[Any], metrics: Metrics, title: str) -> str:
     return "".join(parts)
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    """Backs off when accept fails for lack of descriptors or memory: socketserver's
+    loop would find the listener readable again at once and spin a core."""
+
+    daemon_threads = True
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                _limited.error("metrics-accept", "metrics server cannot accept a connection: %s", exc)
+                time.sleep(0.1)
+            raise
+
+
 class MetricsServer:
     """Serves ``/metrics`` and ``/`` over HTTP in a daemon thread."""
 
@@ -211,8 +247,7 @@ class MetricsServer:
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("metrics http: " + format, *args)
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _HTTPServer((host, port), Handler)
         self.address = self.httpd.server_address
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="luxun-metrics", daemon=True)
 

@@ -21,16 +21,36 @@ found together in the buffer for one topic are appended with one ``enqueue_many`
 (flushed before any other call on the connection, so calls still take effect in
 the order they were sent). Anything else takes the generic checked path.
 
+Bounded input: a connection's receive buffer starts at 4 KiB and grows as bytes
+arrive (doubling, up to the frame being received), never to the size a header
+announces. Every byte of buffer beyond the first 4 KiB is taken from one broker-wide
+:class:`InputBudget` (default 256 MiB). A connection whose frame needs more room than
+the budget has left stops reading (TCP pushes back on its client) until other
+connections give memory back; if none comes back within ``budget_wait_s`` (10 s), it
+is closed with one warning line, so stalled half-sent frames holding the budget cannot
+hang every other client for ever.
+
+Out of file descriptors (``accept`` failing with EMFILE, ENFILE, ENOBUFS or ENOMEM):
+one descriptor is kept in reserve; it is closed to accept the pending connection and
+close it at once (its client sees a closed connection instead of hanging), then opened
+again. When that is not possible the accept loop sleeps, 10 ms doubling up to 1 s.
+Repeated error lines go through :class:`~luxun.logs.RateLimitedLog`.
+
 Thread-safety: ``start``/``stop`` from the main thread; connections run in their own.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import errno
 import logging
+import os
+import resource
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from thriftpy2.protocol.cybin import TCyBinaryProtocol  # type: ignore[attr-defined]
@@ -50,10 +70,26 @@ from .wire import (
 )
 
 log = logging.getLogger(__name__)
+#: Lines a client or a bad environment can repeat, keyed by kind (never by peer).
 _rate_limited = RateLimitedLog(log)
 
+#: Bytes of receive buffer all connections may hold together beyond their first
+#: _INITIAL_BUFFER each (raised to twice the largest frame when that is bigger).
+DEFAULT_MAX_BUFFERED_BYTES = 256 << 20
+#: How long a connection waits for input budget before it is closed.
+DEFAULT_BUDGET_WAIT_S = 10.0
 _INITIAL_BUFFER = 4 * 1024
 _READ_BUFFER = 64 * 1024
+# An empty buffer bigger than this shrinks to _READ_BUFFER (to _INITIAL_BUFFER, whatever
+# its size, while the budget is more than half taken or someone waits for it).
+_KEEP_BUFFER = 1 << 20
+# accept() errors that mean "out of descriptors or memory": shed, back off.
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPT_BACKOFF_MIN_S = 0.01
+_ACCEPT_BACKOFF_MAX_S = 1.0
+# What a reserve descriptor made from a refused connection's points to (stderr: always
+# open in a broker; if not, the reserve is opened anew).
+_RESERVE_SOURCE_FD = 2
 _THREAD_STACK_BYTES = 512 * 1024
 _MAX_DEPTH = 32
 # A batch of received asyncProduce calls is appended at this size at the latest.
@@ -182,6 +218,79 @@ class AsyncProduceBatch:
             self.handler.async_produce_many(self.topic, items)
 
 
+class InputBudget:
+    """Bytes of receive buffer the connections hold together (beyond their first
+    ``_INITIAL_BUFFER`` each), at most ``limit``. Waiters are served first come, first
+    served (a big frame is not starved by small ones). ``used`` is also published as
+    the ``input_buffer_bytes`` gauge of ``metrics``.
+
+    Thread-safety: every method may be called from any thread.
+    """
+
+    def __init__(self, limit: int, metrics: Metrics) -> None:
+        self.limit = limit
+        self.used = 0
+        self._metrics = metrics
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: collections.deque[object] = collections.deque()  # one ticket per waiter
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def tight(self) -> bool:
+        """More than half taken, or somebody waiting (read without the lock: a hint)."""
+        return bool(self._queue) or self.used > self.limit // 2
+
+    def try_take(self, n: int) -> bool:
+        """Take ``n`` bytes if they are free now and nobody waits; False (nothing
+        taken) if not."""
+        with self._cond:
+            if self._queue or self.used + n > self.limit:
+                return False
+            self.used += n
+            self._metrics.input_buffer_bytes = self.used
+            return True
+
+    def take(self, n: int, timeout_s: float, stopping: threading.Event) -> bool:
+        """Take ``n`` bytes, waiting up to ``timeout_s`` for them (after those who
+        waited before); False (nothing taken) if they did not come free in time or the
+        server is stopping."""
+        with self._cond:
+            if self._queue or self.used + n > self.limit:
+                ticket = object()
+                self._queue.append(ticket)
+                self._metrics.input_buffer_waits += 1
+                deadline = time.monotonic() + timeout_s
+                try:
+                    while self._queue[0] is not ticket or self.used + n > self.limit:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or stopping.is_set():
+                            return False
+                        self._cond.wait(min(left, 0.5))
+                finally:
+                    self._queue.remove(ticket)
+                    self._cond.notify_all()  # the next in line may go now
+            self.used += n
+            self._metrics.input_buffer_bytes = self.used
+            return True
+
+    def give(self, n: int) -> None:
+        """Give back ``n`` bytes taken before."""
+        if n <= 0:
+            return
+        with self._cond:
+            self.used -= n
+            self._metrics.input_buffer_bytes = self.used
+            if self._queue:
+                self._cond.notify_all()
+
+    def wake_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
 class ThriftServer:
     """Serves a thriftpy2 service on ``host:port`` (``port=0`` picks a free one).
 
@@ -190,6 +299,10 @@ class ThriftServer:
         handler: the object implementing it.
         max_frame_bytes: largest frame accepted; bigger ones close the connection.
         max_connections: connections beyond this are closed at once (and counted).
+        max_buffered_bytes: the :class:`InputBudget` of all connections' receive
+            buffers (default ``DEFAULT_MAX_BUFFERED_BYTES``, at least twice
+            ``max_frame_bytes``).
+        budget_wait_s: how long a connection waits for input budget before it is closed.
         on_stop: called after the last connection finished, before ``stop`` returns.
     """
 
@@ -203,6 +316,8 @@ class ThriftServer:
         max_frame_bytes: int,
         max_connections: int = 10_000,
         metrics: Metrics | None = None,
+        max_buffered_bytes: int | None = None,
+        budget_wait_s: float = DEFAULT_BUDGET_WAIT_S,
     ) -> None:
         self._processor = TProcessor(service, handler)
         self._handler = handler
@@ -222,6 +337,10 @@ class ThriftServer:
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
         self.metrics = metrics or Metrics()
+        if max_buffered_bytes is None:
+            max_buffered_bytes = max(DEFAULT_MAX_BUFFERED_BYTES, 2 * max_frame_bytes)
+        self._budget = InputBudget(max_buffered_bytes, self.metrics)
+        self.budget_wait_s = budget_wait_s
         self._stopping = threading.Event()
         self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
         self._conns_lock = threading.Lock()
@@ -231,6 +350,9 @@ class ThriftServer:
         self._listener.bind((host, port))
         self._listener.listen(1024)
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        # Closed to make room for accepting (and closing) a connection when out of
+        # descriptors; see _accept_on_reserve.
+        self._reserve_fd: int | None = _open_reserve_fd()
         self._accept_thread = threading.Thread(target=self._accept_loop, name="luxun-accept", daemon=True)
 
     def start(self) -> None:
@@ -248,6 +370,7 @@ class ThriftServer:
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        self._budget.wake_all()
         self._accept_thread.join(timeout_s)
         with self._conns_lock:
             conns = list(self._conns.values())
@@ -256,36 +379,119 @@ class ThriftServer:
                 sock.shutdown(socket.SHUT_RD)
         for _, thread in conns:
             thread.join(timeout_s)
+        if self._reserve_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._reserve_fd)
+            self._reserve_fd = None
 
     # -- accepting ---------------------------------------------------------------------
     def _accept_loop(self) -> None:
         old_stack = threading.stack_size()
+        backoff = 0.0
         while not self._stopping.is_set():
             try:
                 sock, peer = self._listener.accept()
-            except OSError:
+            except OSError as exc:
                 if self._stopping.is_set():
                     return
-                log.exception("accept failed")
-                continue
-            with self._conns_lock:
-                too_many = len(self._conns) >= self.max_connections
-            if too_many:
-                self.metrics.connections_refused += 1
-                log.warning("refusing connection from %s: %d connections open already", peer, self.max_connections)
-                sock.close()
-                continue
+                self.metrics.accept_failures += 1
+                outcome: tuple[socket.socket, Any] | bool = False
+                if exc.errno in _RESOURCE_ERRNOS:
+                    _rate_limited.error(
+                        f"accept-{exc.errno}",
+                        "cannot accept connections on %s:%d: %s (open files limit %s); new connections are "
+                        "closed at once until descriptors are free",
+                        self.address[0],
+                        self.address[1],
+                        exc,
+                        _open_files_limit(),
+                    )
+                    outcome = self._accept_on_reserve()
+                else:
+                    _rate_limited.error(
+                        "accept-other", "accept on %s:%d failed: %s", self.address[0], self.address[1], exc
+                    )
+                if outcome is True:  # one pending connection closed: no spin, the next accept waits
+                    continue
+                if outcome is False:
+                    backoff = min(max(2 * backoff, _ACCEPT_BACKOFF_MIN_S), _ACCEPT_BACKOFF_MAX_S)
+                    self._stopping.wait(backoff)
+                    continue
+                sock, peer = outcome
+            backoff = 0.0
+            self._start_connection(sock, peer, old_stack)
+
+    def _accept_on_reserve(self) -> tuple[socket.socket, Any] | bool:
+        """Out of descriptors: close the reserve one and accept the next connection in
+        its room (waiting for one if none is pending, so this cannot spin). If the
+        reserve cannot be opened again we are still out of descriptors: the connection
+        is closed at once (its client sees a closed connection rather than a hang) and
+        True returned. If it can, descriptors came back: the connection is returned to
+        be served. False if there is no reserve or the accept failed (back off)."""
+        if self._reserve_fd is None:
+            self._reserve_fd = _open_reserve_fd()
+            if self._reserve_fd is None:
+                return False
+        os.close(self._reserve_fd)
+        self._reserve_fd = None
+        try:
+            sock, peer = self._listener.accept()
+        except OSError:
+            self._reserve_fd = _open_reserve_fd()
+            return False
+        self._reserve_fd = _open_reserve_fd()
+        if self._reserve_fd is not None:
+            return sock, peer
+        # Still out of descriptors: close the connection but keep its descriptor as the
+        # new reserve (dup2 swaps it in one step: no other thread can take it meanwhile).
+        fd = sock.detach()
+        try:
+            os.dup2(_RESERVE_SOURCE_FD, fd, inheritable=False)
+            self._reserve_fd = fd
+        except OSError:
+            os.close(fd)
+            self._reserve_fd = _open_reserve_fd()
+        self.metrics.connections_refused += 1
+        return True
+
+    def _start_connection(self, sock: socket.socket, peer: Any, old_stack: int) -> None:
+        with self._conns_lock:
+            too_many = len(self._conns) >= self.max_connections
+        if too_many:
+            self.metrics.connections_refused += 1
+            _rate_limited.warning(
+                "too-many-connections",
+                "refusing connection from %s: %d connections open already (the limit)",
+                peer,
+                self.max_connections,
+            )
+            sock.close()
+            return
+        try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.stack_size(_THREAD_STACK_BYTES)
-            try:
-                thread = threading.Thread(target=self._serve, args=(sock, peer), name=f"luxun-conn-{peer}", daemon=True)
-            finally:
-                threading.stack_size(old_stack)
-            with self._conns_lock:
-                self._conns[sock.fileno()] = (sock, thread)
-            self.metrics.connections_total += 1
-            self.metrics.connections_open += 1
+        except OSError:  # the peer is gone already
+            sock.close()
+            return
+        threading.stack_size(_THREAD_STACK_BYTES)
+        try:
+            thread = threading.Thread(target=self._serve, args=(sock, peer), name=f"luxun-conn-{peer}", daemon=True)
+        finally:
+            threading.stack_size(old_stack)
+        with self._conns_lock:
+            self._conns[sock.fileno()] = (sock, thread)
+        self.metrics.connections_total += 1
+        self.metrics.connections_open += 1
+        try:
             thread.start()
+        except RuntimeError as exc:  # can't start new thread: out of memory or a thread limit
+            with self._conns_lock:
+                self._conns.pop(sock.fileno(), None)
+            self.metrics.connections_open -= 1
+            self.metrics.connections_refused += 1
+            _rate_limited.error(
+                "thread-start", "closing connection from %s: cannot start a thread for it (%s)", peer, exc
+            )
+            sock.close()
 
     # -- one connection ---------------------------------------------------------------
     def _serve(self, sock: socket.socket, peer: Any) -> None:
@@ -297,7 +503,7 @@ class ThriftServer:
         except OSError as exc:
             log.debug("connection %s: %s", peer, exc)
         except Exception:
-            log.exception("connection %s failed", peer)
+            _rate_limited.exception("connection-failed", "connection from %s failed", peer)
         finally:
             with self._conns_lock:
                 self._conns.pop(key, None)
@@ -306,11 +512,23 @@ class ThriftServer:
                 sock.close()
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
-        buf = bytearray(_INITIAL_BUFFER)  # grows to _READ_BUFFER when reads fill it
+        """Read and handle frames until the peer closes, a frame is refused, or the
+        server stops. The buffer's bytes beyond _INITIAL_BUFFER are taken from the
+        input budget and given back here."""
+        buf = bytearray(_INITIAL_BUFFER)  # grows as bytes arrive, never ahead of them
+        try:
+            self._read_frames_into(sock, peer, buf)
+        finally:
+            # _read_frames_into keeps buf's length and the budget in step; it replaces
+            # buf only by shrinking it in place.
+            self._budget.give(len(buf) - _INITIAL_BUFFER)
+
+    def _read_frames_into(self, sock: socket.socket, peer: Any, buf: bytearray) -> None:
         start = end = 0
         max_frame = self.max_frame_bytes
         handler = self._handler
         fast_produce = self._fast_produce
+        budget = self._budget
         batch = AsyncProduceBatch(handler)
         while True:
             # Handle every complete frame in the buffer. Consecutive asyncProduce calls
@@ -320,15 +538,15 @@ class ThriftServer:
                 if size <= 0 or size > max_frame:
                     batch.flush()
                     self.metrics.bad_frames += 1
-                    log.warning("closing connection from %s: frame of %d bytes (limit %d)", peer, size, max_frame)
+                    _rate_limited.warning(
+                        "frame-size", "closing connection from %s: frame of %d bytes (limit %d)", peer, size, max_frame
+                    )
                     return
                 if end - start - 4 < size:
-                    if start + 4 + size > len(buf):  # make room for the whole frame
+                    if start + 4 + size > len(buf) and start:  # move the partial frame to the front
                         buf[: end - start] = buf[start:end]
                         end -= start
                         start = 0
-                        if 4 + size > len(buf):
-                            buf.extend(bytes(4 + size - len(buf)))
                     break
                 call = parse_produce_call(buf, start + 4, start + 4 + size) if fast_produce else None
                 if call is not None and call[0]:  # asyncProduce
@@ -340,23 +558,53 @@ class ThriftServer:
                     _, seqid, item, topic = call
                     start += 4 + size
                     result, index = handler.produce_item(topic, item)
+                    del call, item  # not held while this thread waits in send or recv
                     sock.sendall(produce_reply_frame(seqid, result, index))
                     continue
-                frame = bytes(buf[start + 4 : start + 4 + size])
+                with memoryview(buf) as view:
+                    frame = bytes(view[start + 4 : start + 4 + size])
                 start += 4 + size
                 if not self._handle(sock, peer, frame):
                     return
+                del frame
+            call = None  # the last asyncProduce's item is not held while we wait in recv
             batch.flush()
             if start == end:
                 start = end = 0
-                if len(buf) > 1 << 20:  # give back what one big frame needed
-                    buf = bytearray(_READ_BUFFER)
+                if len(buf) > _INITIAL_BUFFER and budget.tight:  # others need it: give it all back
+                    budget.give(len(buf) - _INITIAL_BUFFER)
+                    del buf[_INITIAL_BUFFER:]
+                elif len(buf) > _KEEP_BUFFER:  # give back what one big frame needed
+                    budget.give(len(buf) - _READ_BUFFER)
+                    del buf[_READ_BUFFER:]
             elif end == len(buf):
-                # The buffer ends inside a frame header: move what is left to the front
-                # (a recv into no room would read as end of stream).
-                buf[: end - start] = buf[start:end]
-                end -= start
-                start = 0
+                if start:
+                    # The buffer ends inside a frame header: move what is left to the
+                    # front (a recv into no room would read as end of stream).
+                    buf[: end - start] = buf[start:end]
+                    end -= start
+                    start = 0
+                else:
+                    # Full of one partial frame: grow, doubling but never past the frame,
+                    # so memory follows the bytes received, not the size announced.
+                    (size,) = _I32.unpack_from(buf, 0)
+                    more = min(max(2 * len(buf), _READ_BUFFER), 4 + size) - len(buf)
+                    if not budget.take(more, self.budget_wait_s, self._stopping):
+                        if not self._stopping.is_set():
+                            self.metrics.input_buffer_closed += 1
+                            _rate_limited.warning(
+                                "input-budget",
+                                "closing connection from %s: its frame of %d bytes needs %d more bytes of buffer "
+                                "and all connections' input buffers have held %d of %d bytes for %g s",
+                                peer,
+                                size,
+                                more,
+                                budget.used,
+                                budget.limit,
+                                self.budget_wait_s,
+                            )
+                        return
+                    buf.extend(bytes(more))
             if self._stopping.is_set():
                 return
             with memoryview(buf) as view:
@@ -364,7 +612,7 @@ class ThriftServer:
             if n == 0:
                 return
             end += n
-            if end == len(buf) and len(buf) < _READ_BUFFER:
+            if end == len(buf) and len(buf) < _READ_BUFFER and budget.try_take(_READ_BUFFER - len(buf)):
                 # A busy connection (e.g. a stream of asyncProduce): read in bigger
                 # chunks. Quiet ones (a waiting consumer) keep the small buffer.
                 buf.extend(bytes(_READ_BUFFER - len(buf)))
@@ -393,7 +641,7 @@ class ThriftServer:
             iprot.read_message_end()
         except Exception as exc:
             self.metrics.bad_frames += 1
-            log.warning("closing connection from %s: undecodable request (%s)", peer, exc)
+            _rate_limited.warning("undecodable", "closing connection from %s: undecodable request (%s)", peer, exc)
             return False
         if method is None:
             unknown = TApplicationException.UNKNOWN_METHOD
@@ -475,3 +723,18 @@ class ThriftServer:
                 sent = 4
             if sent < 4 + len(out):
                 sock.sendall(memoryview(out)[sent - 4 :])
+
+
+def _open_reserve_fd() -> int | None:
+    """A descriptor kept open to be closed when we run out (see _accept_on_reserve)."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _open_files_limit() -> str:
+    try:
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (OSError, ValueError):
+        return "unknown"
