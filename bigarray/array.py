@@ -46,6 +46,9 @@ _I64 = struct.Struct(">q")
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 _HEAD_TAIL = struct.Struct(">qq")
 _unpack_index_item = _INDEX_ITEM.unpack_from
+_pack_index_item = _INDEX_ITEM.pack_into
+_pack_i64 = _I64.pack_into
+_META_HEAD_OFFSET = fmt.META_HEAD_OFFSET
 #: The data page, offset and length of an index item (what get() needs).
 _unpack_item_place = struct.Struct(fmt.INDEX_ITEM_STRUCT[:-1]).unpack_from
 _PAGE_BITS = fmt.INDEX_ITEMS_PER_PAGE_BITS
@@ -224,7 +227,9 @@ class BigArray:
             ArrayClosedError: the array was closed.
         """
         n = len(item)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: 140 ns against 66 here, on a call of about 1 us
+        try:
             if self._closed:
                 raise self._closed_error()
             if n > self.data_page_size:
@@ -235,23 +240,26 @@ class BigArray:
             off = self._data_off
             page.mm[off : off + n] = item
             idx = self._head
-            slot = idx & fmt.INDEX_SLOT_MASK
+            slot = idx & _SLOT_MASK
             ipage = self._index_page
-            if ipage is None or ipage.page_no != idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS or slot >= self._index_room:
+            if ipage is None or ipage.page_no != idx >> _PAGE_BITS or slot >= self._index_room:
                 ipage = self._index_room_for(idx, 1)
             ts = self._clock()
             if ts < self._last_ts:
                 ts = self._last_ts
             self._last_ts = ts
-            _INDEX_ITEM.pack_into(ipage.mm, slot * fmt.INDEX_ITEM_SIZE, page.page_no, off, n, ts)
+            _pack_index_item(ipage.mm, slot << _SLOT_BITS, page.page_no, off, n, ts)
             if slot == _INDEX_PREFETCH_SLOT and self._prefetch:
                 self._prefetch_index_page(ipage.page_no + 1)
-            self._data_off = off + n
-            if self._data_off > self._prefetch_next_at:
+            off += n
+            self._data_off = off
+            if off > self._prefetch_next_at:
                 self._prefetch_next_page()
             self._head = idx + 1
-            _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, idx + 1)
+            _pack_i64(self._meta_page.mm, _META_HEAD_OFFSET, idx + 1)
             return idx
+        finally:
+            lock.release()
 
     def append_many(self, items: Iterable[bytes | bytearray | memoryview]) -> int:
         """Append items in order, atomically (all or none), and return the first index.
