@@ -35,6 +35,7 @@ from .page import MappedPage, PageFactory
 log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
+_pack_i64 = _I64.pack_into
 _R = TypeVar("_R", list[bytes], tuple[np.ndarray[Any, Any], bytes])
 
 #: Seconds between automatic clean-ups, when enabled.
@@ -42,7 +43,10 @@ DEFAULT_CLEANUP_INTERVAL_S = 1.0
 
 
 class _Group:
-    __slots__ = ("closed", "factory", "lock", "name", "page")
+    """A consumer group: its lock and its position, kept in memory (``index``) and in
+    its page (written by :meth:`move`)."""
+
+    __slots__ = ("closed", "factory", "index", "lock", "mm", "name", "page")
 
     def __init__(self, name: str, folder: str) -> None:
         self.name = name
@@ -50,15 +54,15 @@ class _Group:
         self.lock = threading.Lock()
         self.factory = PageFactory(folder, fmt.FRONT_PAGE_SIZE, max_cached_pages=1)
         self.page: MappedPage = self.factory.acquire(0, create=True)
+        self.mm = self.page.mm  # referenced until close, so never unmapped before
+        #: The next index the group reads: what its page holds (the only writer is us).
+        self.index: int = _I64.unpack_from(self.mm, 0)[0]
 
-    @property
-    def index(self) -> int:
-        value: int = _I64.unpack_from(self.page.mm, 0)[0]
-        return value
-
-    @index.setter
-    def index(self, value: int) -> None:
-        _I64.pack_into(self.page.mm, 0, value)
+    def move(self, index: int) -> None:
+        """Set the group's position and save it in its page (the mmap write is the
+        persistence: it survives a process crash once it returns)."""
+        _pack_i64(self.mm, 0, index)
+        self.index = index
 
     def close(self) -> None:
         self.closed = True
@@ -117,7 +121,7 @@ class FanoutQueue:
                         group.index,
                         self.array.head,
                     )
-                    group.index = self.array.head
+                    group.move(self.array.head)
                 self._groups[name] = group
         except BaseException:
             self.close()
@@ -179,6 +183,39 @@ class FanoutQueue:
 
         The group's new position is saved before the item is returned.
         """
+        # Fast path: a known group, and an item in [tail, head). (The lock is taken
+        # without ``with``, which costs twice as much here: 140 ns against 66.)
+        g = self._groups.get(group)
+        if g is None:
+            return self._dequeue_slowly(group)
+        array = self.array
+        lock = g.lock
+        lock.acquire()
+        try:
+            if g.closed:
+                item = None
+            else:
+                index = g.index
+                if index >= array._head:
+                    return None
+                try:
+                    item = array.get(index)
+                except IndexOutOfRangeError:
+                    item = None  # below tail: retention overtook the group
+                else:
+                    _pack_i64(g.mm, 0, index + 1)  # g.move(index + 1), inlined
+                    g.index = index + 1
+        finally:
+            lock.release()
+        if item is None:
+            return self._dequeue_slowly(group)
+        if self._auto_cleanup:
+            self._maybe_cleanup()
+        return item
+
+    def _dequeue_slowly(self, group: str) -> bytes | None:
+        """:meth:`dequeue` for a group that is new, being removed, or overtaken by
+        retention."""
         with self._locked_group(group) as g:
             while True:
                 index = self._front(g)
@@ -190,7 +227,7 @@ class FanoutQueue:
                     if self.array.closed:
                         raise
                     continue  # retention moved the tail under us: start again from it
-                g.index = index + 1
+                g.move(index + 1)
                 break
         if self._auto_cleanup:
             self._maybe_cleanup()
@@ -242,7 +279,7 @@ class FanoutQueue:
                     if self.array.closed:
                         raise
                     continue  # retention moved the tail under us: start again from it
-                g.index = start + len(got[0]) if isinstance(got, tuple) else start + len(got)
+                g.move(start + len(got[0]) if isinstance(got, tuple) else start + len(got))
                 break
         count = len(got[0]) if isinstance(got, tuple) else len(got)
         if self._auto_cleanup and count:
@@ -284,7 +321,7 @@ class FanoutQueue:
             tail, head = self.array.tail, self.array.head
             if not tail <= index <= head:
                 raise IndexOutOfRangeError(index, tail, head + 1)
-            g.index = index
+            g.move(index)
 
     def groups(self) -> list[str]:
         """Names of the groups that exist, sorted."""
@@ -391,7 +428,7 @@ class FanoutQueue:
                 except BaseException:
                     shutil.rmtree(folder, ignore_errors=True)  # e.g. a full disk: leave nothing behind
                     raise
-                g.index = max(g.index, self.array.tail)
+                g.move(max(g.index, self.array.tail))
                 self._groups[group] = g
             return g
 
@@ -419,7 +456,7 @@ class FanoutQueue:
                 index,
                 tail,
             )
-            g.index = tail
+            g.move(tail)
             return tail
         return index
 

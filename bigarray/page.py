@@ -5,7 +5,10 @@ are mapped when first used and kept in a bounded LRU cache with an idle time-to-
 (``cachetools.TTLCache``). Every user holds a reference while it touches a page, so a
 page in use is never unmapped: a page the cache evicts while in use is unmapped when
 its last user releases it. The number of mapped pages is therefore at most
-``max_cached_pages`` plus the pages in use at that moment.
+``max_cached_pages`` plus the pages in use at that moment. (One user goes without a
+reference: ``BigArray.get`` rereads the pages of its previous call directly, and falls
+back to ``acquire`` when one was unmapped meanwhile: a closed ``mmap`` raises
+ValueError, under the GIL, before any memory is touched.)
 
 Disk space. A factory made with ``reserve_step`` (the index and data pages of an
 array) creates each page file *sparse* at its full size (``ftruncate``): every mapping,

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import textwrap
+import time
 
 import pytest
 
@@ -155,6 +156,34 @@ def test_get_out_of_range(tmp_path):
 
 
 # -- read_range -----------------------------------------------------------------------
+def test_get_maps_again_the_pages_of_its_last_read_once_they_are_unmapped(tmp_path):
+    # get() goes straight to the index and data page of its previous call, holding no
+    # reference to them: when the page cache has unmapped one since (evicted, idle,
+    # deleted by retention), it must map it again, never fail on the closed mapping.
+    items = [bytes([i]) * 3000 for i in range(8)]  # one item per 4 KiB data page
+    with open_array(tmp_path / "a", max_cached_pages=1, page_ttl_s=0.2) as arr:
+        arr.append_many(items)
+        assert arr.get(1) == items[1]
+        assert arr.read_range(3, max_items=1) == [items[3]]  # page 3 evicts page 1 (unmapped)
+        assert arr.get(1) == items[1]
+        assert arr.item_length(1) == 3000
+        time.sleep(0.3)
+        arr.expire_idle_pages()  # unmaps every idle page (all but the writer's)
+        assert arr.get(1) == items[1]
+        arr.remove_before_index(2)  # deletes data page 1, which get used last
+        with pytest.raises(IndexOutOfRangeError):
+            arr.get(1)
+        assert arr.get(2) == items[2]
+    with open_array(tmp_path / "a", max_cached_pages=1, page_ttl_s=0.2) as arr:  # no writer: no pinned page
+        assert arr.get(4) == items[4]
+        time.sleep(0.3)
+        arr.expire_idle_pages()  # the index page is unmapped too now
+        assert arr.mapped_page_count() == 0
+        assert arr.timestamp(4) >= 1 and arr.get(4) == items[4] and arr.get(5) == items[5]
+    with pytest.raises(ArrayClosedError):
+        arr.get(5)  # the pages it used last are closed with the array
+
+
 def test_read_range_limits(tmp_path):
     items = [b"%02d" % i + b"x" * 8 for i in range(20)]  # 10 bytes each
     with open_array(tmp_path / "a") as arr:
