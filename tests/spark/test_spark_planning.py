@@ -120,3 +120,62 @@ def test_write_options_need_value_and_topic() -> None:
     )
     assert (opts.topic, opts.codec, opts.pack_size, opts.pack_bytes) == ("t", 1, 10, O.DEFAULT_PACK_BYTES)
     assert O.WriteOptions.parse({"luxun.servers": "h"}, StructType([value, StructField("topic", StringType())]))
+
+
+def test_time_options() -> None:
+    opts = parse(startingTimestamp="1700000000000", endingIndexesByTimestamp='{"a": {"h:2": 5}}')
+    assert (opts.starting_default, opts.starting) == (O.AtTime(1700000000000), {})
+    assert (opts.ending_default, opts.ending) == ("latest", {("a", "h:2"): O.AtTime(5)})
+    mixed = parse(startingIndexes='{"a": {"h:1": 3}}', startingIndexesByTimestamp='{"a": {"h:2": 7}, "b": {"h:1": 0}}')
+    assert mixed.starting == {("a", "h:1"): 3, ("a", "h:2"): O.AtTime(7), ("b", "h:1"): O.AtTime(0)}
+    stream = O.ReadOptions.parse({"luxun.servers": "h", "subscribe": "a", "startingTimestamp": "9"}, streaming=True)
+    assert stream.starting_default == O.AtTime(9)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingTimestamp": "5", "startingIndexes": "earliest"}, "exclude each other"),
+        ({"endingTimestamp": "5", "endingIndexesByTimestamp": '{"a": {"h:1": 1}}'}, "exclude each other"),
+        ({"startingTimestamp": "-3"}, "must be >= 0"),
+        ({"startingTimestamp": "yesterday"}, "must be an integer"),
+        ({"startingIndexesByTimestamp": '{"a": {"h:1": "earliest"}}'}, "time in ms >= 0"),
+        ({"startingIndexesByTimestamp": '{"a": {"h:9": 1}}'}, "not in luxun.servers"),
+        ({"startingIndexesByTimestamp": "5"}, "JSON must be an object"),
+        (
+            {"startingIndexes": '{"a": {"h:1": 1}}', "startingIndexesByTimestamp": '{"a": {"h:1": 1}}'},
+            "named in both",
+        ),
+        ({"maxRowsPerTrigger": "0"}, "must be >= 1"),
+        ({"minItemsPerTrigger": "x"}, "must be an integer"),
+        ({"maxTriggerDelay": "10s"}, "needs 'minItemsPerTrigger'"),
+        ({"minItemsPerTrigger": "2", "maxTriggerDelay": "soon"}, "duration like"),
+    ],
+)
+def test_bad_time_and_trigger_options(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse(**options)
+
+
+@pytest.mark.parametrize("name", ["endingTimestamp", "endingIndexesByTimestamp"])
+def test_streaming_refuses_ending_by_time(name: str) -> None:
+    with pytest.raises(ValueError, match="batch queries only"):
+        O.ReadOptions.parse({"luxun.servers": "h", "subscribe": "a", name: "5"}, streaming=True)
+
+
+def test_trigger_options_and_durations() -> None:
+    opts = parse(maxRowsPerTrigger="500", minItemsPerTrigger="3")
+    assert (opts.max_rows_per_trigger, opts.min_items_per_trigger) == (500, 3)
+    assert opts.max_trigger_delay_ms == 15 * 60 * 1000 and opts.limited and not parse().limited
+    for text, ms in [("250", 250), ("250ms", 250), ("10s", 10_000), ("2m", 120_000), ("1 h", 3_600_000)]:
+        assert parse(minItemsPerTrigger="1", maxTriggerDelay=text).max_trigger_delay_ms == ms
+
+
+def test_items_for_rows() -> None:
+    f = P.items_for_rows
+    assert f([10, 10, 10], 10.0, 25, 3) == 2  # exact while the counts are known
+    assert f([10, 10, 10], 10.0, 30, 3) == 3
+    assert f([40], 40.0, 25, 5) == 0  # a first pack over the limit: none (the caller ensures progress)
+    assert f([5], 10.0, 45, 9) == 5  # 5 known, then 40 rows at a mean of 10
+    assert f([5], 10.0, 45, 3) == 3  # never more than are waiting
+    assert f([], 4.0, 10, 100) == 2
