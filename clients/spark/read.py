@@ -233,6 +233,7 @@ class LuxunStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[Key, int] | None = None
         self._last_trigger = time.monotonic()  # the delay counts from the query's start
         self._packs_seen: dict[Key, tuple[int, int]] = {}  # pair -> (packs, messages) counted
+        self._counted_to: dict[Key, int] = {}  # pair -> the index after the last pack counted
 
     def initialOffset(self) -> dict[str, Any]:
         opts = self.opts
@@ -327,8 +328,11 @@ class LuxunStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     items = (response.itemList or [])[: take[key]] if response.result.resultCode == _SUCCESS else []
                     counts = [len(_decode(item, base[key] + i, topic, broker)) for i, item in enumerate(items)]
                     out[key] = counts
-                    packs, messages = self._packs_seen.get(key, (0, 0))
-                    self._packs_seen[key] = (packs + len(counts), messages + sum(counts))
+                    fresh = counts[max(0, self._counted_to.get(key, 0) - base[key]) :]  # not yet in the mean
+                    if fresh:
+                        packs, messages = self._packs_seen.get(key, (0, 0))
+                        self._packs_seen[key] = (packs + len(fresh), messages + sum(fresh))
+                        self._counted_to[key] = base[key] + len(counts)
         return out
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
