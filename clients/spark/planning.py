@@ -73,7 +73,7 @@ def index_at_time(conn: BrokerConnection, topic: str, ms: int, tail: int, head: 
         r = _lookup(conn, topic, ms)
         res = r.result
         if res.resultCode == _SUCCESS:
-            index = r.index if (r.timestampOfIndex or 0) >= ms else r.index + 1
+            index = int(r.index) if (r.timestampOfIndex or 0) >= ms else int(r.index) + 1
             return max(tail, min(index, head))
         if res.errorCode in (_E.TOPIC_IS_EMPTY, _E.TOPIC_NOT_EXIST):
             return head
