@@ -65,6 +65,7 @@ from .wire import (
     encode_consume_reply,
     encode_consume_reply_parts,
     missing_required_field,
+    parse_consume_call,
     parse_produce_call,
     produce_reply_frame,
     required_fields,
@@ -333,6 +334,10 @@ class ThriftServer:
         # ``consume_for_wire`` (QueueService and QueueHandler do).
         self._consume_args: Any = getattr(service, "consume_args", None)
         self._consume_for_wire: Any = getattr(handler, "consume_for_wire", None) if self._consume_args else None
+        # ... and its request struct, built from the fields a canonical consume frame
+        # carries (wire.parse_consume_call): no check_frame walk, no generic decoding.
+        spec = getattr(self._consume_args, "thrift_spec", {}).get(1) if self._consume_args else None
+        self._consume_request: Any = spec[2] if spec and len(spec) > 2 and isinstance(spec[2], type) else None
         # The produce fast path, when the handler has the batch-aware entry points.
         self._fast_produce = hasattr(handler, "produce_item") and hasattr(handler, "async_produce_many")
         self.max_frame_bytes = max_frame_bytes
@@ -532,6 +537,9 @@ class ThriftServer:
         max_frame = self.max_frame_bytes
         handler = self._handler
         fast_produce = self._fast_produce
+        consume_for_wire = self._consume_for_wire
+        consume_request = self._consume_request
+        fast_consume = consume_for_wire is not None and consume_request is not None
         budget = self._budget
         busy, me = self._busy, threading.get_ident()
         batch = AsyncProduceBatch(handler)
@@ -565,6 +573,14 @@ class ThriftServer:
                     result, index = handler.produce_item(topic, item)
                     del call, item  # not held while this thread waits in send or recv
                     sock.sendall(produce_reply_frame(seqid, result, index))
+                    continue
+                consume = parse_consume_call(buf, start + 4, start + 4 + size) if fast_consume else None
+                if consume is not None:  # consume: decoded by hand, answered with the wire encoder
+                    start += 4 + size
+                    seqid, fields = consume
+                    response = consume_for_wire(consume_request(**fields))
+                    self._send_parts(sock, encode_consume_reply_parts(seqid, response))
+                    del consume, fields, response  # not held while this thread waits in send or recv
                     continue
                 with memoryview(buf) as view:
                     frame = bytes(view[start + 4 : start + 4 + size])

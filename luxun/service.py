@@ -335,12 +335,15 @@ class QueueHandler:
                 response.timestampList = self._timestamps(queue, first, len(items)) if items else []
             return response
 
+        topic = self.topics.get(name)  # an open topic's name is valid: checked when it was made
+        if topic is None:
+            try:
+                validate_name(name, what="topic")
+            except InvalidNameError as exc:
+                return reply(InvalidTopic(name, str(exc)).to_result())
         try:
-            validate_name(name, what="topic")
-        except InvalidNameError as exc:
-            return reply(InvalidTopic(name, str(exc)).to_result())
-        try:
-            topic = self.topics.get(name) or self.topics.open(name)
+            if topic is None:
+                topic = self.topics.open(name)
             if topic is None and retry:
                 topic = self._await_creation(name)
             if topic is None:

@@ -14,8 +14,9 @@ same (strict binary protocol, as thriftpy2 and Apache Thrift write it)::
 A fetch's items may come as an :class:`ItemBlob` (lengths and one bytes object, as
 the storage reads them); their length prefixes are then interleaved with numpy.
 
-Produce calls are small and many, so they skip the generic decoder too:
-:func:`parse_produce_call` reads a ``produce``/``asyncProduce`` call written the way
+Produce and single-item consume calls are small and many, so they skip the generic
+decoder too: :func:`parse_consume_call` reads a ``consume`` call in the canonical
+layout, and :func:`parse_produce_call` reads a ``produce``/``asyncProduce`` call written the way
 every Thrift generator writes it (strict header, fields in id order) and returns None
 for anything else, which then takes the generic path (checked, then decoded by
 thriftpy2). :func:`encode_produce_reply` writes the ProduceResponse reply.
@@ -249,6 +250,74 @@ def parse_produce_call(buf: bytes | bytearray, start: int, end: int) -> tuple[bo
     except (struct.error, UnicodeDecodeError):
         return None
     return oneway, seqid, item, topic
+
+
+_CONSUME = b"\x00\x00\x00\x07consume"
+#: ConsumeRequest's fields the fast parser knows: id -> (Thrift type, attribute).
+_CONSUME_FIELDS = {
+    1: (_T_STRING, "topic"),
+    2: (_T_STRING, "fanoutId"),
+    3: (_T_I64, "startIndex"),
+    4: (_T_I32, "maxFetchSize"),
+    5: (_T_I32, "maxWaitMs"),
+    6: (2, "withTimestamps"),
+}
+_FIELD_HEAD = struct.Struct(">bh")
+_I64 = struct.Struct(">q")
+
+
+def parse_consume_call(buf: bytes | bytearray, start: int, end: int) -> tuple[int, dict[str, Any]] | None:
+    """``(seqid, fields)`` when ``buf[start:end]`` is exactly one ``consume`` call in
+    the canonical layout::
+
+        i32 0x80010001 (CALL) | string "consume" | i32 seqid
+        args { 1: ConsumeRequest { fields 1..6 of the known types, in id order } } STOP STOP
+
+    ``fields`` maps ConsumeRequest's attribute names to the values sent (topic
+    included). None for anything else (unknown or repeated fields, other types, no
+    topic, a string that is not UTF-8, lengths that do not fit the frame): the caller
+    takes the generic path, which checks and decodes it with thriftpy2.
+    """
+    try:
+        (kind,) = _HEAD_I32.unpack_from(buf, start)
+        if kind != _CALL or buf[start + 4 : start + 15] != _CONSUME:
+            return None
+        (seqid,) = _HEAD_I32.unpack_from(buf, start + 15)
+        if buf[start + 19 : start + 22] != b"\x0c\x00\x01":  # args field 1: struct
+            return None
+        pos = start + 22
+        fields: dict[str, Any] = {}
+        last_id = 0
+        while True:
+            ftype = buf[pos]
+            if ftype == 0:  # end of ConsumeRequest, then end of the args struct
+                if pos + 2 != end or buf[pos + 1] != 0 or "topic" not in fields:
+                    return None
+                return seqid, fields
+            ftype, fid = _FIELD_HEAD.unpack_from(buf, pos)
+            known = _CONSUME_FIELDS.get(fid)
+            if known is None or known[0] != ftype or fid <= last_id:
+                return None
+            last_id = fid
+            pos += 3
+            if ftype == _T_STRING:
+                (size,) = _HEAD_I32.unpack_from(buf, pos)
+                pos += 4
+                if size < 0 or pos + size > end:
+                    return None
+                fields[known[1]] = bytes(buf[pos : pos + size]).decode("utf-8")
+                pos += size
+            elif ftype == _T_I64:
+                fields[known[1]] = _I64.unpack_from(buf, pos)[0]
+                pos += 8
+            elif ftype == _T_I32:
+                fields[known[1]] = _HEAD_I32.unpack_from(buf, pos)[0]
+                pos += 4
+            else:  # bool
+                fields[known[1]] = buf[pos] != 0
+                pos += 1
+    except (struct.error, UnicodeDecodeError, IndexError):
+        return None
 
 
 # -- requests with a required field missing ---------------------------------------------------

@@ -16,7 +16,14 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 from idl import QueueService
 from idl import luxun_thrift as T
 from luxun.server import ThriftServer
-from luxun.wire import ItemBlob, encode_consume_reply, encode_produce_reply, parse_produce_call, produce_reply_frame
+from luxun.wire import (
+    ItemBlob,
+    encode_consume_reply,
+    encode_produce_reply,
+    parse_consume_call,
+    parse_produce_call,
+    produce_reply_frame,
+)
 
 
 def reference(seqid: int, response: Any) -> bytes:
@@ -101,7 +108,9 @@ def test_items_as_one_blob_encode_the_same(name: str) -> None:
 def call_bytes(api: str, request: Any, seqid: int, kind: int) -> bytes:
     proto = TCyBinaryProtocol(TCyMemoryBuffer())
     proto.write_message_begin(api, kind, seqid)
-    getattr(QueueService, api + "_args")(produceRequest=request).write(proto)
+    args = getattr(QueueService, api + "_args")()
+    setattr(args, "consumeRequest" if api == "consume" else "produceRequest", request)
+    args.write(proto)
     proto.write_message_end()
     return bytes(proto.trans.getvalue())
 
@@ -158,6 +167,49 @@ def test_parse_produce_call_leaves_everything_else_to_the_generic_path() -> None
     }
     for name, data in others.items():
         assert parse_produce_call(data, 0, len(data)) is None, name
+
+
+CONSUME_REQUESTS = [
+    T.ConsumeRequest(topic="t"),
+    T.ConsumeRequest(topic="événements", startIndex=2**40, maxFetchSize=0),
+    T.ConsumeRequest(topic="t", fanoutId="g", maxFetchSize=1 << 20, maxWaitMs=5000),
+    T.ConsumeRequest(topic="t", fanoutId="", startIndex=-1, maxFetchSize=-5, withTimestamps=True),
+    T.ConsumeRequest(
+        topic="a" * 255, fanoutId="b" * 255, startIndex=7, maxFetchSize=1, maxWaitMs=0, withTimestamps=False
+    ),
+]
+
+
+@pytest.mark.parametrize("request_", CONSUME_REQUESTS)
+def test_parse_consume_call_reads_what_thriftpy2_writes(request_: Any) -> None:
+    data = b"junk" + call_bytes("consume", request_, 11, TMessageType.CALL) + b"more"
+    parsed = parse_consume_call(data, 4, len(data) - 4)
+    assert parsed is not None
+    seqid, fields = parsed
+    assert seqid == 11
+    assert T.ConsumeRequest(**fields) == request_
+
+
+def test_parse_consume_call_leaves_everything_else_to_the_generic_path() -> None:
+    request_ = T.ConsumeRequest(topic="t", fanoutId="g", startIndex=3, maxFetchSize=9)
+    good = call_bytes("consume", request_, 1, TMessageType.CALL)
+    assert parse_consume_call(good, 0, len(good)) is not None
+    others = {
+        "another method": good.replace(b"consume", b"consumf"),
+        "oneway": good[:3] + b"\x04" + good[4:],
+        "old-style header": good[4:],
+        "truncated": good[:-1],
+        "trailing byte": good + b"\x00",
+        "no topic": call_bytes("consume", T.ConsumeRequest(fanoutId="g"), 1, TMessageType.CALL),
+        "topic length past the end": good.replace(b"\x00\x00\x00\x01t", b"\x00\x00\x7f\xfft"),
+        "negative topic length": good.replace(b"\x00\x00\x00\x01t", b"\xff\xff\xff\xfft"),
+        "invalid UTF-8 topic": good.replace(b"\x00\x00\x00\x01t", b"\x00\x00\x00\x01\xff"),
+        "unknown field": good[:-2] + b"\x08\x00\x63\x00\x00\x00\x01\x00\x00",
+        "field of another type": good.replace(b"\x0a\x00\x03", b"\x08\x00\x03")[:-4] + b"\x00\x00",
+        "fields out of order": good.replace(b"\x0b\x00\x02", b"\x0b\x00\x09"),
+    }
+    for name, data in others.items():
+        assert parse_consume_call(data, 0, len(data)) is None, name
 
 
 def test_send_parts_survives_partial_writes() -> None:
