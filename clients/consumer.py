@@ -295,44 +295,61 @@ class MessageStream:
 
 
 class _BrokerPosition:
-    """What a topic's streams handed out from one broker (``auto_commit=False``).
+    """What a topic's streams took from one broker (``auto_commit=False``).
 
     ``fetch_next`` is the index the fetcher reads next (None: from the committed
     position); ``high`` is just after the last pack taken by a stream (None: unknown
-    until the first read); ``open`` maps the packs taken and not fully handed out to
-    the messages left in them; ``gen`` changes on a seek or a lost hold, and chunks of
-    an older ``gen`` are dropped.
+    until the first read); ``gen`` changes on a seek or a lost hold, and chunks of an
+    older ``gen`` are dropped.
     """
 
-    __slots__ = ("committed", "fetch_next", "gen", "high", "open")
+    __slots__ = ("committed", "fetch_next", "gen", "high")
 
     def __init__(self) -> None:
         self.gen = 0
         self.fetch_next: int | None = None
         self.high: int | None = None
-        self.open: dict[int, int] = {}
         self.committed: int | None = None
 
     def reset(self, index: int | None) -> None:
         self.gen += 1
         self.fetch_next = self.high = index
-        self.open.clear()
-
-    def position(self) -> int | None:
-        """Just after the last message handed out, at pack granularity."""
-        return min(self.open) if self.open else self.high
 
 
 class _Tracker:
-    """The :class:`_BrokerPosition` of each broker of one topic, under one lock."""
+    """The :class:`_BrokerPosition` of each broker of one topic and the streams that
+    hand its messages out, under one lock."""
 
     def __init__(self, brokers: Sequence[str]) -> None:
         self.lock = threading.Lock()
         self.brokers = {broker: _BrokerPosition() for broker in brokers}
+        self.streams: list[_TrackedStream] = []
+
+    def position(self, broker: str) -> int | None:
+        """Just after the last message handed out from ``broker``, at pack
+        granularity: the lowest pack a stream holds and has not handed out whole, else
+        just after the last pack taken. Called with the lock held."""
+        state = self.brokers[broker]
+        lowest = None
+        for stream in self.streams:
+            chunk = stream._chunk
+            if (
+                chunk is not None
+                and chunk[0] == broker
+                and chunk[1] == state.gen
+                and stream._next < len(chunk[3])
+                and (lowest is None or chunk[2] < lowest)
+            ):
+                lowest = chunk[2]
+        return state.high if lowest is None else lowest
 
 
 class _TrackedStream(MessageStream):
-    """A stream of an at-least-once consumer: records what it hands out."""
+    """A stream of an at-least-once consumer: its tracker sees what it hands out.
+
+    A chunk is ``(broker, gen, pack index, values)``; taking one is recorded under the
+    queue's and the tracker's locks, handing a message out only moves ``_next``.
+    """
 
     def __init__(
         self, topic: str, queue: _TopicQueue, timeout_ms: int | None, tracker: _Tracker, metadata: bool
@@ -340,8 +357,11 @@ class _TrackedStream(MessageStream):
         super().__init__(topic, queue, timeout_ms)
         self._tracker = tracker
         self._metadata = metadata
-        self._chunk: tuple[str, int, int, list[Message]] | None = None
+        self._chunk: tuple[str, int, int, list[Any]] | None = None
+        self._state: _BrokerPosition | None = None
         self._next = 0
+        with tracker.lock:
+            tracker.streams.append(self)
 
     def __next__(self) -> Any:
         while True:
@@ -351,27 +371,19 @@ class _TrackedStream(MessageStream):
             self._wait_chunk()
 
     def _hand_out(self) -> Any:
-        """The current chunk's next message (recorded as handed out), or _NONE."""
+        """The current chunk's next message, or _NONE (none left, or dropped by a
+        seek or a lost hold)."""
         chunk = self._chunk
         if chunk is None:
             return _NONE
-        broker, gen, index, messages = chunk
+        values = chunk[3]
         i = self._next
-        if i < len(messages):
-            self._next = i + 1
-            tracker = self._tracker
-            with tracker.lock:
-                state = tracker.brokers[broker]
-                if state.gen == gen:
-                    left = state.open[index] - 1
-                    if left:
-                        state.open[index] = left
-                    else:
-                        del state.open[index]
-                    message = messages[i]
-                    return message if self._metadata else message.value
-        self._chunk = None  # handed out, or dropped by a seek or a lost hold
-        return _NONE
+        if i >= len(values) or self._state.gen != chunk[1]:  # type: ignore[union-attr]
+            return _NONE
+        self._next = i + 1
+        if self._metadata:
+            return Message(values[i], self.topic, chunk[0], chunk[2], i, len(values))
+        return values[i]
 
     def _wait_chunk(self) -> None:
         """Take the next chunk of the topic's queue, waiting as :meth:`MessageStream.__next__`."""
@@ -389,17 +401,15 @@ class _TrackedStream(MessageStream):
             self._take(q.chunks.popleft())
             q.cond.notify_all()
 
-    def _take(self, chunk: tuple[str, int, int, list[Message]]) -> None:
-        broker, gen, index, messages = chunk
+    def _take(self, chunk: tuple[str, int, int, list[Any]]) -> None:
+        broker, gen, index, _ = chunk
         tracker = self._tracker
         with tracker.lock:
             state = tracker.brokers[broker]
             if state.gen != gen:
                 return
             state.high = index + 1
-            if messages:
-                state.open[index] = len(messages)
-        self._chunk, self._next = chunk, 0
+            self._chunk, self._state, self._next = chunk, state, 0
 
     def _poll(self, max_messages: int) -> list[Any]:
         """Up to ``max_messages`` messages without waiting."""
@@ -625,9 +635,7 @@ class StreamConsumer:
                         except ValueError as exc:
                             log.error("skipping an undecodable pack %d on %r from %s: %s", index, topic, broker, exc)
                             values = []
-                    n = len(values)
-                    messages = [Message(v, topic, broker, index, i, n) for i, v in enumerate(values)]
-                    queue.put((broker, gen, index, messages), self._stop)
+                    queue.put((broker, gen, index, values), self._stop)
         finally:
             conn.close()
 
@@ -660,7 +668,7 @@ class StreamConsumer:
             for topic, tracker in self._trackers.items():
                 with tracker.lock:
                     for broker, state in tracker.brokers.items():
-                        position = state.position()
+                        position = tracker.position(broker)
                         if position is not None and position != state.committed:
                             targets[topic, broker] = position
         else:
@@ -708,7 +716,7 @@ class StreamConsumer:
         (or where the group would start) for a broker nothing was read from yet."""
         tracker = self._tracker(topic)
         with tracker.lock:
-            known = {broker: state.position() for broker, state in tracker.brokers.items()}
+            known = {broker: tracker.position(broker) for broker in tracker.brokers}
         out: dict[str, int] = {}
         for broker, position in known.items():
             if position is None:
