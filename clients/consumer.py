@@ -467,6 +467,7 @@ class StreamConsumer:
     application does not take messages), another member takes over from the
     committed position: the killed member's uncommitted messages reach a survivor
     within seconds, and a commit of the member that lost its hold is refused. A
+    member that closes gives its hold up: another one takes over at once. A
     broker is the unit of parallelism (as a partition in Kafka): with several
     brokers, members share the brokers of a topic.
     """
@@ -698,6 +699,18 @@ class StreamConsumer:
         if error is not None:
             raise error
 
+    def _release(self) -> None:
+        """Give up this member's hold on its groups (best effort, at close): another
+        member takes over at once instead of after the broker's lease time."""
+        for topic in self._trackers:
+            for broker in self.brokers:
+                request = T.CommitOffsetRequest(topic=topic, fanoutId=self.group, index=-1, memberId=self.member_id,
+                                                release=True)  # fmt: skip
+                try:
+                    self._conn(broker).checked("commitOffset", request)
+                except (BrokerError, BrokerUnavailableError) as exc:
+                    log.info("releasing group %r of %r on %s: %s", self.group, topic, broker, exc)
+
     def committed(self, topic: str) -> dict[str, int | None]:
         """The group's committed position of ``topic``: ``{broker: index}``, None for
         a broker where the group never committed."""
@@ -792,6 +805,8 @@ class StreamConsumer:
                     if not self.auto_commit:
                         queue.chunks.clear()
                     queue.cond.notify_all()
+            if not self.auto_commit:
+                self._release()
             for conn in self._admin.values():
                 conn.close()
 

@@ -173,6 +173,9 @@ struct CommitOffsetRequest {
     3: required i64 index,
     // set: refused (FAILURE/INTERNAL_ERROR) unless this member holds the group's lease
     4: optional string memberId,
+    // true, with memberId: then give up the member's lease, so that another member
+    // reads the group at once (a member that closes). index -1: release only.
+    5: optional bool release,
 }
 
 struct CommitOffsetResponse {

@@ -56,7 +56,8 @@ also moves the group's position, so ``getSize``, lag and clean-up count from the
 committed index; an at-most-once group that starts committing reads on from where it
 stood. Going back means deleting the group (a new group name). Members: a consume
 with ``fromCommitted`` and a ``memberId`` (field 8) leases the (topic, group) on this
-broker to that member until it makes no such call for ``group_lease_s`` (5 s); other
+broker to that member until it makes no such call for ``group_lease_s`` (5 s) or
+gives it up (``commitOffset`` with ``release``, as a closing member does); other
 members get TRY_LATER/ALL_MESSAGE_CONSUMED meanwhile, and a commit carrying another
 member's id is refused. So one member at a time reads a (topic, group) per broker (a
 broker is the unit of parallelism, as a partition in Kafka), and a killed member's
@@ -577,6 +578,11 @@ class QueueHandler:
                 if topic is None:
                     break
                 holder = self._take_lease(name, group, request.memberId) if request.memberId else None
+                if request.release and request.memberId and index == -1:  # release only
+                    if holder is None:
+                        self._release_lease(name, group, request.memberId)
+                    result = _OK
+                    break
                 if holder is not None:
                     result = InternalError(
                         f"commit of group {group!r} on topic {name!r} by member {request.memberId!r} refused: "
@@ -586,6 +592,8 @@ class QueueHandler:
                 try:
                     topic.queue.commit(group, index)
                     result = _OK
+                    if request.release and request.memberId:
+                        self._release_lease(name, group, request.memberId)
                     break
                 except ArrayClosedError:
                     continue
@@ -655,6 +663,13 @@ class QueueHandler:
             if len(self._leases) > 4096:  # forget expired leases now and then
                 self._leases = {k: v for k, v in self._leases.items() if v[1] > now}
             return None
+
+    def _release_lease(self, name: str, group: str, member: str) -> None:
+        """Drop ``member``'s lease on (topic, group), if it holds it."""
+        with self._leases_lock:
+            held = self._leases.get((name, group))
+            if held is not None and held[0] == member:
+                del self._leases[name, group]
 
     def _committed_start(self, queue: Any, name: str, group: str, request: Any) -> int:
         """Where a ``fromCommitted`` consume reads: ``startIndex`` if set (>= 0), else

@@ -125,6 +125,23 @@ def test_one_member_at_a_time_reads_a_group(broker: Any, client: Any) -> None:
     assert commit(client, "t", "g", 2, member="b").resultCode == R.SUCCESS
 
 
+def test_a_member_that_releases_hands_over_at_once(broker: Any, client: Any) -> None:
+    produce(client, "t", 3)
+    assert from_committed(client, "t", "g", memberId="a").itemList == [b"m0", b"m1", b"m2"]
+    assert from_committed(client, "t", "g", memberId="b").result.errorCode == E.ALL_MESSAGE_CONSUMED
+    release = T.CommitOffsetRequest(topic="t", fanoutId="g", index=1, memberId="a", release=True)
+    assert client.commitOffset(release).result.resultCode == R.SUCCESS  # commit, then release
+    assert from_committed(client, "t", "g", memberId="b").itemList == [b"m1", b"m2"]
+    # release only (index -1) by a member that does not hold the group: nothing changes
+    other = T.CommitOffsetRequest(topic="t", fanoutId="g", index=-1, memberId="a", release=True)
+    assert client.commitOffset(other).result.resultCode == R.SUCCESS
+    assert from_committed(client, "t", "g", memberId="a").result.errorCode == E.ALL_MESSAGE_CONSUMED
+    assert committed(client, "t", "g") == (1, True)
+    mine = T.CommitOffsetRequest(topic="t", fanoutId="g", index=-1, memberId="b", release=True)
+    assert client.commitOffset(mine).result.resultCode == R.SUCCESS
+    assert from_committed(client, "t", "g", memberId="a").itemList == [b"m1", b"m2"]
+
+
 def test_commits_survive_kill_9_of_the_broker(broker_factory: Any, tmp_path: Any) -> None:
     data = tmp_path / "data"
     broker = broker_factory(data_dir=data)

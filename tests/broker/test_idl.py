@@ -319,6 +319,7 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         2: (TType.STRING, "fanoutId", True),
         3: (TType.I64, "index", True),
         4: (TType.STRING, "memberId", False),
+        5: (TType.BOOL, "release", False),
     },
     "CommitOffsetResponse": {1: (TType.STRUCT, "result", "Result", True)},
     "GetCommittedRequest": {1: (TType.STRING, "topic", True), 2: (TType.STRING, "fanoutId", True)},

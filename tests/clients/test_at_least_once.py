@@ -260,6 +260,23 @@ def test_two_members_one_killed_the_other_carries_on(brokers: Any, tmp_path: Pat
     assert finished_at - killed_at < 30
 
 
+def test_a_member_that_closes_hands_over_at_once(brokers: Any) -> None:
+    (b,) = brokers(1)
+    produce(address(b), "t", values(50))
+    a = StreamConsumer(address(b), "g", auto_commit=False, wait_ms=100, member_id="a")
+    a.subscribe(["t"])
+    assert poll_until(a, 20, max_messages=20) == values(20)
+    other = StreamConsumer(address(b), "g", auto_commit=False, wait_ms=100, member_id="b")
+    other.subscribe(["t"])
+    assert other.poll(500) == []  # a holds the group
+    a.close()  # commits 2 (20 messages, packs of 10), then gives its hold up
+    t0 = time.monotonic()
+    rest = poll_until(other, 30, timeout_s=10)
+    assert rest == values(50)[20:]
+    assert time.monotonic() - t0 < 3  # well under the 5 s lease
+    other.close()
+
+
 # -- SimpleConsumer and the CLI --------------------------------------------------------------------------
 def test_simple_consumer_reads_from_the_committed_position_without_moving_it(brokers: Any) -> None:
     (b,) = brokers(1)
