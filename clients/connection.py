@@ -169,3 +169,29 @@ class BrokerConnection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def consume_request(
+    topic: str,
+    *,
+    index: int | None = None,
+    group: str | None = None,
+    max_bytes: int = 0,
+    wait_ms: int = 0,
+    with_timestamps: bool = False,
+) -> Any:
+    """A ``ConsumeRequest``: by ``index`` (the first item wanted) or by ``group`` (its
+    position; give one of the two). ``max_bytes`` <= 0 asks for one item (the broker
+    always returns at least one if any is there); ``wait_ms`` > 0 long-polls that long
+    for new items; ``with_timestamps`` asks for each item's append time (extensions
+    that original brokers skip)."""
+    if (index is None) == (group is None):
+        raise ValueError("a consume request reads by index or by group: give exactly one")
+    return T.ConsumeRequest(
+        topic=topic,
+        fanoutId=group,
+        startIndex=index,
+        maxFetchSize=max_bytes,
+        maxWaitMs=wait_ms if wait_ms > 0 else None,
+        withTimestamps=True if with_timestamps else None,
+    )

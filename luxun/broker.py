@@ -187,6 +187,7 @@ class Broker:
                 max_frame_bytes=config.max_message_size_bytes + FRAME_OVERHEAD_BYTES,
                 metrics=self.metrics,
             )
+            self.handler.input_pending = self.server.input_pending
             self.metrics_server: MetricsServer | None = None
             if config.metrics_port:
                 self.metrics_server = MetricsServer(

@@ -47,6 +47,7 @@ import errno
 import logging
 import os
 import resource
+import select
 import socket
 import struct
 import threading
@@ -343,6 +344,8 @@ class ThriftServer:
         self.budget_wait_s = budget_wait_s
         self._stopping = threading.Event()
         self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
+        #: Threads holding received bytes they have not processed yet (see input_pending).
+        self._busy: set[int] = set()
         self._conns_lock = threading.Lock()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -519,6 +522,7 @@ class ThriftServer:
         try:
             self._read_frames_into(sock, peer, buf)
         finally:
+            self._busy.discard(threading.get_ident())
             # _read_frames_into keeps buf's length and the budget in step; it replaces
             # buf only by shrinking it in place.
             self._budget.give(len(buf) - _INITIAL_BUFFER)
@@ -529,6 +533,7 @@ class ThriftServer:
         handler = self._handler
         fast_produce = self._fast_produce
         budget = self._budget
+        busy, me = self._busy, threading.get_ident()
         batch = AsyncProduceBatch(handler)
         while True:
             # Handle every complete frame in the buffer. Consecutive asyncProduce calls
@@ -607,8 +612,10 @@ class ThriftServer:
                     buf.extend(bytes(more))
             if self._stopping.is_set():
                 return
+            busy.discard(me)
             with memoryview(buf) as view:
                 n = sock.recv_into(view[end:])
+            busy.add(me)
             if n == 0:
                 return
             end += n
@@ -616,6 +623,23 @@ class ThriftServer:
                 # A busy connection (e.g. a stream of asyncProduce): read in bigger
                 # chunks. Quiet ones (a waiting consumer) keep the small buffer.
                 buf.extend(bytes(_READ_BUFFER - len(buf)))
+
+    def input_pending(self) -> bool:
+        """True while another connection holds bytes it has not processed yet: in its
+        buffer (from the ``recv`` that returned them until the next one) or still in
+        the kernel's receive queue. Cost: a poll over the open connections, so only
+        for rare paths (a consume of a topic that does not exist, see QueueHandler).
+        """
+        me = threading.get_ident()
+        if any(ident != me for ident in tuple(self._busy)):
+            return True
+        with self._conns_lock:
+            socks = [sock for sock, thread in self._conns.values() if thread.ident != me]
+        poller = select.poll()
+        for sock in socks:
+            with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+                poller.register(sock, select.POLLIN)
+        return any(events & select.POLLIN for _, events in poller.poll(0))
 
     def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
         """Decode one call frame, call the handler, send its reply; False when the

@@ -21,10 +21,11 @@ Produce to an unknown topic creates it, unless ``auto.create.topics.enable`` is 
 (then TOPIC_NOT_EXIST) or the broker holds ``max.topics`` topics (then INTERNAL_ERROR,
 the message naming the limit: the IDL has no better code).
 
-A consume that finds no topic looks again after ``UNKNOWN_TOPIC_GRACE_S`` (10 ms)
-before answering TOPIC_NOT_EXIST: the topic's first produce may be on a connection
-accepted a moment earlier (Java's async Producer connects for its first batch just
-before its user's consumer connects). A topic being created is waited for.
+A consume that finds no topic answers TOPIC_NOT_EXIST only once no other connection
+holds input it has not processed (at most ``UNKNOWN_TOPIC_WAIT_S``, 0.5 s): the topic's
+first produce may have been sent just before on another connection (Java's async
+Producer connects for its first batch just before its user's consumer connects). A
+topic being created is waited for.
 
 Error replies of consume leave ``itemList`` unset, as Java Luxun's do; replies are
 compared byte for byte with the Java broker's in ``tests/broker/test_java_replies.py``,
@@ -72,6 +73,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bigarray import (
@@ -112,8 +114,9 @@ E = T.ErrorCode
 
 #: Longest long-poll wait honoured, in ms (a client asking more gets this).
 MAX_WAIT_MS = 60_000
-#: A consume that finds no topic looks again after this long, in s (see _consume_once).
-UNKNOWN_TOPIC_GRACE_S = 0.01
+#: Longest a consume that finds no topic waits for other connections to process what
+#: they have received (see _await_creation), in s.
+UNKNOWN_TOPIC_WAIT_S = 0.5
 #: Failed oneway produces are logged at most this often (they are all counted).
 _WARN_EVERY_S = 10.0
 #: A member's lease on a (topic, group) read from its committed position, in s.
@@ -165,6 +168,9 @@ class QueueHandler:
         self.group_lease_s = GROUP_LEASE_S
         self._leases: dict[tuple[str, str], tuple[str, float]] = {}
         self._leases_lock = threading.Lock()
+        #: True while another connection holds input not processed yet; the server
+        #: sets it (ThriftServer.input_pending). In process: nothing is ever pending.
+        self.input_pending: Callable[[], bool] = lambda: False
 
     # -- produce -----------------------------------------------------------------------
     def produce(self, request: Any) -> Any:
@@ -369,12 +375,7 @@ class QueueHandler:
         try:
             topic = self.topics.get(name) or self.topics.open(name)
             if topic is None and retry:
-                # Its first produce may be on a connection that has just been accepted
-                # (Java's async Producer connects for its first batch, a few ms before
-                # its user's consumer): let that thread take the GIL, then look again
-                # (a creation in progress is waited for).
-                time.sleep(UNKNOWN_TOPIC_GRACE_S)
-                topic = self.topics.get(name) or self.topics.open(name)
+                topic = self._await_creation(name)
             if topic is None:
                 return reply(self._not_exist(name))
             queue = topic.queue
@@ -426,6 +427,24 @@ class QueueHandler:
             if retry:  # closed to make room (nothing was read or moved): once more, reopened
                 return self._consume_once(request, blob, retry=False)
             return reply(self._not_exist(name))
+
+    def _await_creation(self, name: str) -> Topic | None:
+        """The topic ``name`` once no other connection holds unprocessed input, or
+        ``UNKNOWN_TOPIC_WAIT_S`` passed; None if it still does not exist.
+
+        Its first produce may have been sent, on another connection, before this consume:
+        Java's async Producer connects for its first batch a few ms before its user's
+        consumer connects, and each connection has its own thread. Answering
+        TOPIC_NOT_EXIST only when nothing received earlier is still unprocessed keeps
+        "sent before, seen after" across connections; an idle broker answers at once.
+        """
+        deadline = time.monotonic() + UNKNOWN_TOPIC_WAIT_S
+        while self.input_pending() and time.monotonic() < deadline:
+            time.sleep(0.002)
+            topic = self.topics.get(name) or self.topics.open(name)
+            if topic is not None:
+                return topic
+        return self.topics.get(name) or self.topics.open(name)
 
     @staticmethod
     def _timestamps(queue: Any, first: int, count: int) -> list[int]:

@@ -97,6 +97,12 @@ def test_reservations_grow_geometrically_up_to_the_step(tmp_path):
         assert seen == [256 * KIB, 512 * KIB, 1 * MIB, 2 * MIB]
 
 
+#: Blocks a file system may allocate beyond what was reserved or written (ext4 rounds
+#: to blocks and can allocate a few more when it writes dirty mapped pages back: seen
+#: once here, 4 KiB over, under load).
+FS_SLACK = 16 * KIB
+
+
 def test_a_small_step_reserves_step_by_step_and_so_does_the_index(tmp_path):
     path = tmp_path / "a"
     step = 64 * KIB
@@ -108,9 +114,9 @@ def test_a_small_step_reserves_step_by_step_and_so_does_the_index(tmp_path):
                 arr.append_many([make_item(i, 1000)])
             page_no = arr._index_item(arr.head - 1)[0]
             got = blocks(path / "data" / f"page-{page_no}.dat")
-            assert written_end(arr) <= got <= written_end(arr) + step, (i, got)
+            assert written_end(arr) <= got <= written_end(arr) + step + FS_SLACK, (i, got)
             index_got = blocks(path / "index" / "page-0.dat")
-            assert arr.head * fmt.INDEX_ITEM_SIZE <= index_got <= arr.head * fmt.INDEX_ITEM_SIZE + step
+            assert arr.head * fmt.INDEX_ITEM_SIZE <= index_got <= arr.head * fmt.INDEX_ITEM_SIZE + step + FS_SLACK
         assert len(page_files(path / "data")) == 3
         assert [item_index(x) for x in arr.read_range(0)] == list(range(3000))
 

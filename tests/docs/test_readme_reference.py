@@ -36,8 +36,8 @@ CONFIG = "Configuration reference"
 SEVERAL = "Several brokers on one machine"
 DELETE = "Deleting topics: the password forms"
 LUXUN_COMMAND = ".venv/bin/luxun"
-#: Keys the README lists as "ours, new" before luxun.config knows them (another branch
-#: adds them); once merged they are in KNOWN_KEYS and this changes nothing.
+
+
 def section_text(heading: str) -> str:
     """The README text under ``## heading`` up to the next ``## `` heading."""
     text = README.read_text()

@@ -1,0 +1,183 @@
+"""Writing: rows packed into message packs per topic, each produced with the acknowledged
+``produce``, round-robin over the brokers (at-least-once)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+
+from idl import luxun_thrift as T
+
+from ..connection import BrokerConnection
+from ..errors import BrokerUnavailableError, broker_error
+from ..messages import encode_pack
+from .options import WriteOptions
+
+
+@dataclass
+class LuxunCommitMessage(WriterCommitMessage):
+    """What one write task produced: counts and the indexes of its packs."""
+
+    messages: int = 0
+    packs: int = 0
+    #: "topic@host:port" -> [first, last] pack index written by this task.
+    indexes: dict[str, list[int]] = field(default_factory=dict)
+
+
+class Sender:
+    """Packs messages per topic and produces the packs, round-robin over the brokers."""
+
+    def __init__(self, opts: WriteOptions, first_broker: int) -> None:
+        self.opts = opts
+        self.conns = [BrokerConnection(b, timeout_ms=opts.timeout_ms) for b in opts.servers]
+        self.next = first_broker % len(self.conns)
+        self.pending: dict[str, tuple[list[bytes], list[int]]] = {}
+        self.commit = LuxunCommitMessage()
+
+    def add(self, topic: str, values: list[bytes]) -> None:
+        """Queue ``values`` for ``topic``; send every pack that fills up (``packSize``
+        messages, or ``packBytes`` of values: a value that would pass it starts a new pack)."""
+        pack_size, pack_bytes = self.opts.pack_size, self.opts.pack_bytes
+        buf, size = self.pending.setdefault(topic, ([], [0]))
+        i, n = 0, len(values)
+        while i < n:
+            chunk = values[i : i + pack_size - len(buf)]  # what fits by count
+            chunk_bytes = sum(map(len, chunk))
+            if size[0] + chunk_bytes <= pack_bytes:  # fits by bytes too (the usual case)
+                buf.extend(chunk)
+                size[0] += chunk_bytes
+                i += len(chunk)
+            else:  # the byte limit cuts the chunk: one value at a time
+                for value in chunk:
+                    if buf and size[0] + len(value) > pack_bytes:
+                        break
+                    buf.append(value)
+                    size[0] += len(value)
+                    i += 1
+                self._send(topic, buf)
+                buf.clear()
+                size[0] = 0
+                continue
+            if len(buf) >= pack_size:
+                self._send(topic, buf)
+                buf.clear()
+                size[0] = 0
+
+    def flush(self) -> None:
+        for topic, (buf, size) in self.pending.items():
+            if buf:
+                self._send(topic, buf)
+                buf.clear()
+                size[0] = 0
+
+    def _send(self, topic: str, messages: list[bytes]) -> None:
+        item = encode_pack(messages, self.opts.codec)
+        errors = []
+        for _ in range(len(self.conns)):
+            conn = self.conns[self.next]
+            self.next = (self.next + 1) % len(self.conns)
+            try:
+                response = conn.call("produce", T.ProduceRequest(item=item, topic=topic))
+            except BrokerUnavailableError as exc:  # a failed broker is skipped
+                errors.append(str(exc))
+                continue
+            result = response.result
+            if result.resultCode != T.ResultCode.SUCCESS:
+                if result.errorCode == T.ErrorCode.MESSAGE_SIZE_TOO_LARGE and len(messages) > 1:
+                    half = len(messages) // 2  # over the broker's max.message.size: halve the pack
+                    self._send(topic, messages[:half])
+                    self._send(topic, messages[half:])
+                    return
+                where = f"produce to topic {topic!r} on {conn.where} failed"
+                raise broker_error(result.resultCode, result.errorCode, f"{where}: {result.errorMessage}")
+            commit = self.commit
+            commit.messages += len(messages)
+            commit.packs += 1
+            span = commit.indexes.setdefault(f"{topic}@{conn.where}", [response.index, response.index])
+            span[0] = min(span[0], response.index)
+            span[1] = max(span[1], response.index)
+            return
+        raise BrokerUnavailableError(f"no luxun broker took a pack for topic {topic!r}: {'; '.join(errors)}")
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+
+
+def _partition_id() -> int:
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        return ctx.partitionId() if ctx is not None else 0
+    except Exception:  # outside a task
+        return 0
+
+
+def write(opts: WriteOptions, batches: Iterator[pa.RecordBatch]) -> LuxunCommitMessage:
+    sender = Sender(opts, _partition_id())
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            value = batch.column("value")
+            if value.null_count:
+                raise ValueError("luxun cannot write a NULL value")
+            if not pa.types.is_binary(value.type):
+                value = value.cast(pa.binary())
+            values = value.to_pylist()
+            if opts.topic is not None:
+                sender.add(opts.topic, values)
+                continue
+            topics = batch.column("topic")
+            if topics.null_count:
+                raise ValueError("luxun cannot write a row whose topic is NULL (set the 'topic' option?)")
+            names = topics.to_pylist()
+            first = names[0]
+            if all(n == first for n in names):
+                sender.add(first, values)
+                continue
+            grouped: dict[str, list[bytes]] = {}
+            for name, v in zip(names, values, strict=True):
+                grouped.setdefault(name, []).append(v)
+            for name, vs in grouped.items():
+                sender.add(name, vs)
+        sender.flush()
+        return sender.commit
+    finally:
+        sender.close()
+
+
+class LuxunWriter(DataSourceArrowWriter):
+    """Batch writer (at-least-once)."""
+
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write(self.opts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Every pack was acknowledged in write(); nothing more to do."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Packs already produced stay (at-least-once); a retry produces them again."""
+
+
+class LuxunStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming writer (at-least-once: a replayed micro-batch is produced again)."""
+
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write(self.opts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Every pack was acknowledged in write(); nothing more to do."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Packs already produced stay (at-least-once)."""
