@@ -7,6 +7,17 @@ bigqueue's FanOutQueueImpl, and is written before the items are returned
 (at-most-once: a crash after the write loses the in-flight items for that group, never
 hands them out twice).
 
+Committed positions (at-least-once groups): :meth:`FanoutQueue.commit` stores a
+group's committed index in ``committed_<group>/page-0.dat`` (8 bytes, big-endian,
+written through an mmap as the group's position is, so it survives a crash of the
+process once the call returns) and moves the group's position there too (so
+:meth:`size`, :meth:`cleanup` and lag reports count from it). A group that has
+committed once is an *at-least-once group*: it is read by index from its committed
+position (:meth:`committed_start`, then :meth:`read_range`), and :meth:`dequeue` and
+its kin refuse it with :class:`CommittedGroupError` (a group never mixes the two ways
+silently). :meth:`remove_group` forgets both positions. bigqueue and Java Luxun ignore
+the extra directory.
+
 Thread-safety: every method may be called from any thread; calls for one group are
 serialised by that group's lock, different groups run in parallel.
 """
@@ -28,7 +39,7 @@ import numpy as np
 
 from . import format as fmt
 from .array import BigArray
-from .errors import ArrayClosedError, IndexOutOfRangeError
+from .errors import ArrayClosedError, BigArrayError, IndexOutOfRangeError
 from .names import validate_name
 from .page import MappedPage, PageFactory
 
@@ -42,11 +53,22 @@ _R = TypeVar("_R", list[bytes], tuple[np.ndarray[Any, Any], bytes])
 DEFAULT_CLEANUP_INTERVAL_S = 1.0
 
 
+class CommittedGroupError(BigArrayError, ValueError):
+    """A dequeue for a group that commits its positions (see :meth:`FanoutQueue.commit`)."""
+
+    def __init__(self, path: str, group: str) -> None:
+        super().__init__(
+            f"queue {path}: group {group!r} commits its positions (at-least-once): read it from its committed "
+            "position (committed_start + read_range), not with dequeue"
+        )
+        self.group = group
+
+
 class _Group:
     """A consumer group: its lock and its position, kept in memory (``index``) and in
     its page (written by :meth:`move`)."""
 
-    __slots__ = ("closed", "factory", "index", "lock", "mm", "name", "page")
+    __slots__ = ("cfactory", "closed", "cmm", "committed", "factory", "index", "lock", "mm", "name", "page")
 
     def __init__(self, name: str, folder: str) -> None:
         self.name = name
@@ -57,6 +79,26 @@ class _Group:
         self.mm = self.page.mm  # referenced until close, so never unmapped before
         #: The next index the group reads: what its page holds (the only writer is us).
         self.index: int = _I64.unpack_from(self.mm, 0)[0]
+        #: The committed index (None: the group never committed) and its page.
+        self.committed: int | None = None
+        self.cfactory: PageFactory | None = None
+        self.cmm: Any = None
+        committed_folder = os.path.join(os.path.dirname(folder), fmt.COMMITTED_DIR_PREFIX + name)
+        if os.path.isdir(committed_folder):
+            self.open_committed(committed_folder)
+
+    def open_committed(self, folder: str) -> None:
+        """Open (create) the committed position's page; a new one holds 0."""
+        self.cfactory = PageFactory(folder, fmt.COMMITTED_PAGE_SIZE, max_cached_pages=1)
+        self.cmm = self.cfactory.acquire(0, create=True).mm
+        self.committed = _I64.unpack_from(self.cmm, 0)[0]
+
+    def commit(self, index: int) -> None:
+        """Save ``index`` as the committed position (one 8-byte copy into the mapped
+        page), then move the group's position there too."""
+        self.cmm[0:8] = _I64.pack(index)
+        self.committed = index
+        self.move(index)
 
     def move(self, index: int) -> None:
         """Set the group's position and save it in its page (the mmap write is the
@@ -67,6 +109,8 @@ class _Group:
     def close(self) -> None:
         self.closed = True
         self.factory.close()
+        if self.cfactory is not None:
+            self.cfactory.close()
 
 
 class FanoutQueue:
@@ -122,6 +166,8 @@ class FanoutQueue:
                         self.array.head,
                     )
                     group.move(self.array.head)
+                if group.committed is not None and group.committed > self.array.head:
+                    group.commit(self.array.head)
                 self._groups[name] = group
         except BaseException:
             self.close()
@@ -194,6 +240,8 @@ class FanoutQueue:
         try:
             if g.closed:
                 item = None
+            elif g.committed is not None:
+                raise CommittedGroupError(self.path, group)
             else:
                 index = g.index
                 if index >= array._head:
@@ -217,6 +265,8 @@ class FanoutQueue:
         """:meth:`dequeue` for a group that is new, being removed, or overtaken by
         retention."""
         with self._locked_group(group) as g:
+            if g.committed is not None:
+                raise CommittedGroupError(self.path, group)
             while True:
                 index = self._front(g)
                 if index >= self.array.head:
@@ -268,6 +318,8 @@ class FanoutQueue:
         ``(lengths, data)``) and move the group past what it returned; ``empty`` when
         the group has read everything."""
         with self._locked_group(group) as g:
+            if g.committed is not None:
+                raise CommittedGroupError(self.path, group)
             while True:
                 start = self._front(g)
                 if start >= self.array.head:
@@ -338,6 +390,43 @@ class FanoutQueue:
                 with g.lock:
                     g.close()  # readers that hold it look the group up again
                 shutil.rmtree(os.path.join(self.path, fmt.FRONT_DIR_PREFIX + group), ignore_errors=True)
+                shutil.rmtree(os.path.join(self.path, fmt.COMMITTED_DIR_PREFIX + group), ignore_errors=True)
+
+    # -- committed positions (at-least-once groups) --------------------------------------
+    def commit(self, group: str, index: int) -> None:
+        """Commit ``index`` (tail <= index <= head) as the group's position: the next
+        index it will read from its committed position. Creates the group if needed;
+        from then on the group is an at-least-once group (see the module docstring).
+        Saved in the group's committed page before the call returns (survives a crash
+        of the process).
+
+        Raises:
+            IndexOutOfRangeError: ``index`` is below tail or beyond head.
+        """
+        with self._locked_group(group) as g:
+            tail, head = self.array.tail, self.array.head
+            if not tail <= index <= head:
+                raise IndexOutOfRangeError(index, tail, head + 1)
+            if g.cmm is None:
+                g.open_committed(os.path.join(self.path, fmt.COMMITTED_DIR_PREFIX + group))
+            g.commit(index)
+
+    def committed(self, group: str) -> int | None:
+        """The group's committed index, or None if it never committed."""
+        self._check_open()
+        validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+        g = self._groups.get(group)
+        return None if g is None else g.committed
+
+    def committed_start(self, group: str) -> int:
+        """Where the group reads from its committed position: the committed index,
+        or for a group that never committed where it stands (:meth:`group_index`:
+        tail for a new group); moved up to tail if retention overtook it. Creates
+        nothing."""
+        committed = self.committed(group)
+        if committed is None:
+            return self.group_index(group)
+        return max(committed, self.array.tail)
 
     # -- retention ---------------------------------------------------------------------
     def remove_before_index(self, index: int) -> None:

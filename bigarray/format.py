@@ -9,6 +9,8 @@ Layout of an array directory ``<path>/``::
     data/page-<N>.dat         data pages; N increases monotonically
     meta_data/page-0.dat      16 bytes: head i64 (next index), tail i64 (first index)
     front_index_<group>/page-0.dat   8 bytes: the group's next index (FanoutQueue)
+    committed_<group>/page-0.dat     8 bytes: the group's committed index (FanoutQueue.commit);
+                              only for groups that commit; bigqueue and Java Luxun never look
     bigarray.json             our extras (format version, data page size); Java ignores it
 
 Index item, 32 bytes::
@@ -76,6 +78,9 @@ INDEX_DIR = "index"
 DATA_DIR = "data"
 META_DIR = "meta_data"
 FRONT_DIR_PREFIX = "front_index_"
+#: A fanout group's committed position (at-least-once groups): index i64 at 0.
+COMMITTED_DIR_PREFIX = "committed_"
+COMMITTED_PAGE_SIZE = 8
 EXTRAS_FILE = "bigarray.json"
 FORMAT_VERSION = 1
 

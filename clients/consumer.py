@@ -12,6 +12,19 @@ it. The broker moves a group's position when it answers, so a fetched pack must
 reach a stream: :meth:`StreamConsumer.close` stops fetching, waits for fetches in
 flight, and the streams then hand out everything already fetched before they stop.
 
+At-least-once groups (``StreamConsumer(..., auto_commit=False)``): the broker keeps
+a *committed position* per (topic, group) and broker, and nothing moves it but a
+commit. The consumer reads from it (``fromCommitted``), hands messages out, and
+:meth:`StreamConsumer.commit` commits, per topic and broker, the position just after
+the last message handed out to the application (Kafka's rule after ``poll``). A
+*position* is a mapping ``{broker: index}`` ("host:port" to the next pack index that
+broker's part of the topic is read from). Commits are at pack granularity: a pack
+(one queue item, many messages) handed out in part is committed at its own index, so
+after a crash its messages are delivered again, all of them. After a crash a new
+consumer of the group starts at the last commit: every message is processed at least
+once, and the duplicates are what was handed out and not committed (plus the start
+of a pack handed out in part). See :class:`StreamConsumer` for threads and members.
+
 Thread-safety: :class:`SimpleConsumer` is for one thread; a :class:`StreamConsumer`
 and its streams may be used from many.
 """
@@ -21,8 +34,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +49,7 @@ from .errors import (
     BrokerUnavailableError,
     ClientClosedError,
     ConsumerTimeoutError,
+    IndexOutOfBoundsError,
     TopicIsEmptyError,
     TopicNotExistError,
 )
@@ -46,6 +61,45 @@ DEFAULT_FETCH_BYTES = 1 << 20
 EARLIEST = -1
 LATEST = -2
 _NOTHING_YET = (AllMessagesConsumedError, TopicIsEmptyError, TopicNotExistError)
+#: In the broker's TRY_LATER message when another member holds the group (see luxun.service).
+_HELD_BY_ANOTHER = "is read by member"
+_NONE = object()
+
+
+class Message:
+    """A message with where it came from (``StreamConsumer(with_metadata=True)``).
+
+    Attributes:
+        value: the decoded message.
+        topic: its topic.
+        broker: "host:port" of the broker it was read from.
+        index: the index of its pack (queue item) on that broker.
+        offset: its position in the pack (0-based).
+        count: how many messages the pack holds.
+    """
+
+    __slots__ = ("broker", "count", "index", "offset", "topic", "value")
+
+    def __init__(self, value: Any, topic: str, broker: str, index: int, offset: int, count: int) -> None:
+        self.value = value
+        self.topic = topic
+        self.broker = broker
+        self.index = index
+        self.offset = offset
+        self.count = count
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.value, self.topic, self.broker, self.index, self.offset, self.count)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Message) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.broker, self.index, self.offset))
+
+    def __repr__(self) -> str:
+        return (f"Message(value={self.value!r}, topic={self.topic!r}, broker={self.broker!r}, "
+                f"index={self.index}, offset={self.offset}, count={self.count})")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -111,6 +165,44 @@ class SimpleConsumer:
             out.extend(map(decode, decode_pack(item)))
         return out
 
+    # -- committed positions (at-least-once groups; see the module docstring) -----------
+    def commit(self, topic: str, group: str, index: int) -> None:
+        """Commit ``index`` (tail <= index <= head; the next pack index the group
+        reads) as the group's committed position on this broker. From then on the
+        group is an at-least-once group: :meth:`consume` of it is refused, read it
+        with :meth:`consume_committed`. Durable (survives a broker kill -9) once it
+        returns."""
+        self._conn.checked("commitOffset", T.CommitOffsetRequest(topic=topic, fanoutId=group, index=index))
+
+    def committed(self, topic: str, group: str) -> int | None:
+        """The group's committed index on this broker, or None if it never committed."""
+        response = self._conn.checked("getCommitted", T.GetCommittedRequest(topic=topic, fanoutId=group))
+        return int(response.index) if response.committed else None
+
+    def consume_committed(
+        self,
+        topic: str,
+        group: str,
+        *,
+        start: int | None = None,
+        max_bytes: int = DEFAULT_FETCH_BYTES,
+        wait_ms: int = 0,
+    ) -> Fetched:
+        """Packs of the group from its committed position (or from ``start``),
+        moving no position; ``next_index`` says where the packs end. A group that
+        never committed reads from where it stands (a new group: the tail)."""
+        request = T.ConsumeRequest(topic=topic, fanoutId=group, maxFetchSize=max_bytes, fromCommitted=True,
+                                   startIndex=start, maxWaitMs=wait_ms or None)  # fmt: skip
+        try:
+            response = self._conn.checked("consume", request)
+        except _NOTHING_YET:
+            if start is not None:
+                return Fetched([], start, 0)
+            got = self._conn.checked("getCommitted", T.GetCommittedRequest(topic=topic, fanoutId=group))
+            return Fetched([], int(got.index), 0)
+        items = response.itemList or []
+        return Fetched(self._decode(items), response.lastConsumedIndex + 1, len(items))
+
     def find_closest_index(self, topic: str, timestamp_ms: int) -> int:
         """The index closest to ``timestamp_ms``; ``EARLIEST`` (-1) is the tail,
         ``LATEST`` (-2) the head."""
@@ -134,13 +226,13 @@ class SimpleConsumer:
 class _TopicQueue:
     """Bounded FIFO of message chunks shared by one topic's streams."""
 
-    def __init__(self, max_chunks: int) -> None:
+    def __init__(self, max_chunks: int, cond: threading.Condition | None = None) -> None:
         self.max_chunks = max_chunks
-        self.chunks: deque[list[Any]] = deque()
-        self.cond = threading.Condition(threading.Lock())
+        self.chunks: deque[Any] = deque()
+        self.cond = cond or threading.Condition(threading.Lock())
         self.finished = False
 
-    def put(self, chunk: list[Any], stop: threading.Event) -> None:
+    def put(self, chunk: Any, stop: threading.Event) -> None:
         """Add a chunk; waits while full unless stopping (fetched data is never dropped)."""
         with self.cond:
             while len(self.chunks) >= self.max_chunks and not stop.is_set():
@@ -184,6 +276,157 @@ class MessageStream:
         self._current = iter(chunk)
         return next(self._current)
 
+    def _poll(self, max_messages: int) -> list[Any]:
+        """Up to ``max_messages`` messages without waiting."""
+        out: list[Any] = []
+        q = self._queue
+        while len(out) < max_messages:
+            for message in self._current:
+                out.append(message)
+                if len(out) == max_messages:
+                    return out
+            with q.cond:
+                if not q.chunks:
+                    break
+                chunk = q.chunks.popleft()
+                q.cond.notify_all()
+            self._current = iter(chunk)
+        return out
+
+
+class _BrokerPosition:
+    """What a topic's streams took from one broker (``auto_commit=False``).
+
+    ``fetch_next`` is the index the fetcher reads next (None: from the committed
+    position); ``high`` is just after the last pack taken by a stream (None: unknown
+    until the first read); ``gen`` changes on a seek or a lost hold, and chunks of an
+    older ``gen`` are dropped.
+    """
+
+    __slots__ = ("committed", "fetch_next", "gen", "high")
+
+    def __init__(self) -> None:
+        self.gen = 0
+        self.fetch_next: int | None = None
+        self.high: int | None = None
+        self.committed: int | None = None
+
+    def reset(self, index: int | None) -> None:
+        self.gen += 1
+        self.fetch_next = self.high = index
+
+
+class _Tracker:
+    """The :class:`_BrokerPosition` of each broker of one topic and the streams that
+    hand its messages out, under one lock."""
+
+    def __init__(self, brokers: Sequence[str]) -> None:
+        self.lock = threading.Lock()
+        self.brokers = {broker: _BrokerPosition() for broker in brokers}
+        self.streams: list[_TrackedStream] = []
+
+    def position(self, broker: str) -> int | None:
+        """Just after the last message handed out from ``broker``, at pack
+        granularity: the lowest pack a stream holds and has not handed out whole, else
+        just after the last pack taken. Called with the lock held."""
+        state = self.brokers[broker]
+        lowest = None
+        for stream in self.streams:
+            chunk = stream._chunk
+            if (
+                chunk is not None
+                and chunk[0] == broker
+                and chunk[1] == state.gen
+                and stream._next < len(chunk[3])
+                and (lowest is None or chunk[2] < lowest)
+            ):
+                lowest = chunk[2]
+        return state.high if lowest is None else lowest
+
+
+class _TrackedStream(MessageStream):
+    """A stream of an at-least-once consumer: its tracker sees what it hands out.
+
+    A chunk is ``(broker, gen, pack index, values)``; taking one is recorded under the
+    queue's and the tracker's locks, handing a message out only moves ``_next``.
+    """
+
+    def __init__(
+        self, topic: str, queue: _TopicQueue, timeout_ms: int | None, tracker: _Tracker, metadata: bool
+    ) -> None:
+        super().__init__(topic, queue, timeout_ms)
+        self._tracker = tracker
+        self._metadata = metadata
+        self._chunk: tuple[str, int, int, list[Any]] | None = None
+        self._state: _BrokerPosition | None = None
+        self._next = 0
+        with tracker.lock:
+            tracker.streams.append(self)
+
+    def __next__(self) -> Any:
+        while True:
+            message = self._hand_out()
+            if message is not _NONE:
+                return message
+            self._wait_chunk()
+
+    def _hand_out(self) -> Any:
+        """The current chunk's next message, or _NONE (none left, or dropped by a
+        seek or a lost hold)."""
+        chunk = self._chunk
+        if chunk is None:
+            return _NONE
+        values = chunk[3]
+        i = self._next
+        if i >= len(values) or self._state.gen != chunk[1]:  # type: ignore[union-attr]
+            return _NONE
+        self._next = i + 1
+        if self._metadata:
+            return Message(values[i], self.topic, chunk[0], chunk[2], i, len(values))
+        return values[i]
+
+    def _wait_chunk(self) -> None:
+        """Take the next chunk of the topic's queue, waiting as :meth:`MessageStream.__next__`."""
+        q = self._queue
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        with q.cond:
+            while not q.chunks:
+                if q.finished:
+                    raise StopIteration
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise ConsumerTimeoutError(f"no message on topic {self.topic!r} for {self._timeout_s}s")
+                q.cond.wait(remaining)
+            # Taken and recorded under the queue's lock: packs are recorded in order.
+            self._take(q.chunks.popleft())
+            q.cond.notify_all()
+
+    def _take(self, chunk: tuple[str, int, int, list[Any]]) -> None:
+        broker, gen, index, _ = chunk
+        tracker = self._tracker
+        with tracker.lock:
+            state = tracker.brokers[broker]
+            if state.gen != gen:
+                return
+            state.high = index + 1
+            self._chunk, self._state, self._next = chunk, state, 0
+
+    def _poll(self, max_messages: int) -> list[Any]:
+        """Up to ``max_messages`` messages without waiting."""
+        out: list[Any] = []
+        q = self._queue
+        while len(out) < max_messages:
+            message = self._hand_out()
+            if message is not _NONE:
+                out.append(message)
+                continue
+            with q.cond:
+                if not q.chunks:
+                    break
+                self._take(q.chunks.popleft())
+                q.cond.notify_all()
+        return out
+
 
 class StreamConsumer:
     """Consumer-group streams over topics spread across brokers.
@@ -197,6 +440,36 @@ class StreamConsumer:
         wait_ms: long-poll wait of each consume.
         consumer_timeout_ms: streams raise ConsumerTimeoutError after this long
             without a message (None: wait forever).
+        auto_commit: True (the default, as Java Luxun): the broker moves the
+            group's position when it hands packs out (at-most-once: a crash loses
+            what was fetched and not processed). False: at-least-once, see below.
+        with_metadata: True to hand out :class:`Message` objects (``.value`` and
+            where it came from) instead of plain values.
+        member_id: this member's id with ``auto_commit=False`` (default: random).
+
+    With ``auto_commit=False`` the consumer reads each (topic, broker) from the
+    group's committed position and never moves it but by :meth:`commit` (at pack
+    granularity, see the module docstring); :meth:`close` commits what was handed
+    out unless ``close(commit=False)``. :meth:`commit` covers every message handed
+    out, by any stream: with several stream threads, a message handed to another
+    thread and not processed yet is covered too. Multi-threaded code that must
+    commit only what it finished uses ``with_metadata=True`` and
+    ``commit(messages)``: per topic and broker, it commits the position just after
+    the last of the given messages (the pack's own index if that message is not the
+    last of its pack), trusting the caller that every earlier message of that
+    (topic, broker) was processed, and never moves a commit backwards.
+
+    Members: several consumers of one group (processes, machines) share its
+    committed position. On each broker one member at a time reads a (topic, group):
+    the first to ask holds it while it keeps fetching; the others wait (their
+    fetches get nothing). When that member is killed or stops fetching for the
+    broker's lease time (5 s; also when its buffer stays full because the
+    application does not take messages), another member takes over from the
+    committed position: the killed member's uncommitted messages reach a survivor
+    within seconds, and a commit of the member that lost its hold is refused. A
+    member that closes gives its hold up: another one takes over at once. A
+    broker is the unit of parallelism (as a partition in Kafka): with several
+    brokers, members share the brokers of a topic.
     """
 
     def __init__(
@@ -211,6 +484,9 @@ class StreamConsumer:
         wait_ms: int = 1000,
         consumer_timeout_ms: int | None = None,
         retry_backoff_ms: int = 200,
+        auto_commit: bool = True,
+        with_metadata: bool = False,
+        member_id: str | None = None,
     ) -> None:
         self.brokers = parse_broker_list(brokers if isinstance(brokers, str) else list(brokers))
         self.group = group
@@ -225,6 +501,14 @@ class StreamConsumer:
         self._fetchers: list[threading.Thread] = []
         self._queues: dict[str, _TopicQueue] = {}
         self._closed = False
+        self.auto_commit = auto_commit
+        self.with_metadata = with_metadata
+        self.member_id = member_id or uuid.uuid4().hex
+        self._cond = threading.Condition(threading.Lock())  # shared by the topic queues (poll waits on it)
+        self._trackers: dict[str, _Tracker] = {}
+        self._poll_streams: dict[str, MessageStream] = {}
+        self._admin: dict[str, BrokerConnection] = {}
+        self._commit_lock = threading.Lock()
 
     def create_message_streams(self, topics: Mapping[str, int]) -> dict[str, list[MessageStream]]:
         """Start fetching ``{topic: number of streams}``; return the streams per topic."""
@@ -236,11 +520,20 @@ class StreamConsumer:
                 raise ValueError(f"topic {topic!r} needs at least one stream, got {count}")
             if topic in self._queues:
                 raise ValueError(f"streams for topic {topic!r} were created already")
-            queue = self._queues[topic] = _TopicQueue(self._queue_chunks)
-            streams[topic] = [MessageStream(topic, queue, self._timeout_ms) for _ in range(count)]
+            queue = self._queues[topic] = _TopicQueue(self._queue_chunks, self._cond)
+            if self.auto_commit:
+                streams[topic] = [MessageStream(topic, queue, self._timeout_ms) for _ in range(count)]
+                self._poll_streams[topic] = MessageStream(topic, queue, 0)
+                fetch: Any = self._fetch
+            else:
+                tracker = self._trackers[topic] = _Tracker(self.brokers)
+                meta = self.with_metadata
+                streams[topic] = [_TrackedStream(topic, queue, self._timeout_ms, tracker, meta) for _ in range(count)]
+                self._poll_streams[topic] = _TrackedStream(topic, queue, 0, tracker, meta)
+                fetch = self._fetch_committed
             for broker in self.brokers:
                 thread = threading.Thread(
-                    target=self._fetch, args=(topic, broker, queue), name=f"luxun-fetch-{topic}@{broker}", daemon=True
+                    target=fetch, args=(topic, broker, queue), name=f"luxun-fetch-{topic}@{broker}", daemon=True
                 )
                 self._fetchers.append(thread)
                 thread.start()
@@ -249,7 +542,7 @@ class StreamConsumer:
     def _fetch(self, topic: str, broker: str, queue: _TopicQueue) -> None:
         conn = BrokerConnection(broker, timeout_ms=None)
         request = T.ConsumeRequest(topic=topic, fanoutId=self.group, maxFetchSize=self._fetch_bytes,
-                                   maxWaitMs=self._wait_ms)  # fmt: skip
+                                   maxWaitMs=self._wait_ms, withTimestamps=self.with_metadata or None)  # fmt: skip
         decode = self._serde.decode
         try:
             while not self._stop.is_set():
@@ -267,7 +560,7 @@ class StreamConsumer:
                     log.error("fetching %r from %s failed: %s", topic, broker, exc)
                     self._stop.wait(self._backoff_s)
                     continue
-                for item in response.itemList or []:
+                for k, item in enumerate(response.itemList or []):
                     if self._raw:
                         chunk = [decode(item)]
                     else:
@@ -277,23 +570,245 @@ class StreamConsumer:
                             log.error("skipping an undecodable pack on %r from %s: %s", topic, broker, exc)
                             continue
                     if chunk:
+                        if self.with_metadata:
+                            index, n = response.firstIndex + k, len(chunk)
+                            chunk = [Message(v, topic, broker, index, i, n) for i, v in enumerate(chunk)]
                         queue.put(chunk, self._stop)
         finally:
             conn.close()
 
-    def close(self, timeout: float | None = 30.0) -> None:
+    # -- at-least-once groups (auto_commit=False) ----------------------------------------
+    def _fetch_committed(self, topic: str, broker: str, queue: _TopicQueue) -> None:
+        """The fetcher of an at-least-once consumer: reads (topic, broker) by index
+        from the group's committed position, as the group's member ``member_id``."""
+        conn = BrokerConnection(broker, timeout_ms=None)
+        request = T.ConsumeRequest(topic=topic, fanoutId=self.group, maxFetchSize=self._fetch_bytes,
+                                   maxWaitMs=self._wait_ms, fromCommitted=True, memberId=self.member_id)  # fmt: skip
+        tracker = self._trackers[topic]
+        state = tracker.brokers[broker]
+        decode = self._serde.decode
+        try:
+            while not self._stop.is_set():
+                with tracker.lock:
+                    gen = state.gen
+                    request.startIndex = state.fetch_next
+                try:
+                    response = conn.checked("consume", request)
+                except _NOTHING_YET as exc:
+                    if _HELD_BY_ANOTHER in str(exc):
+                        with tracker.lock:
+                            if state.gen == gen and state.fetch_next is not None:
+                                log.warning("%s; reading %r from %s again from the committed position once it can",
+                                            exc, topic, broker)  # fmt: skip
+                                state.reset(None)
+                    if not isinstance(exc, AllMessagesConsumedError) or self._wait_ms <= 0:
+                        self._stop.wait(min(self._wait_ms / 1000, 0.2) or 0.05)
+                    continue
+                except IndexOutOfBoundsError as exc:  # retention removed what we were to read
+                    log.warning("fetching %r from %s: %s; reading from the committed position", topic, broker, exc)
+                    with tracker.lock:
+                        if state.gen == gen:
+                            state.reset(None)
+                    continue
+                except BrokerUnavailableError as exc:
+                    log.warning("fetching %r from %s: %s; retrying", topic, broker, exc)
+                    self._stop.wait(self._backoff_s)
+                    continue
+                except BrokerError as exc:
+                    log.error("fetching %r from %s failed: %s", topic, broker, exc)
+                    self._stop.wait(self._backoff_s)
+                    continue
+                items = response.itemList or []
+                first = response.lastConsumedIndex - len(items) + 1
+                with tracker.lock:
+                    if state.gen != gen:
+                        continue  # a seek meanwhile
+                    if state.fetch_next is None:
+                        state.high = first  # read from the committed position: where we stand
+                    state.fetch_next = response.lastConsumedIndex + 1
+                for k, item in enumerate(items):
+                    index = first + k
+                    if self._raw:
+                        values = [decode(item)]
+                    else:
+                        try:
+                            values = [decode(m) for m in decode_pack(item)]
+                        except ValueError as exc:
+                            log.error("skipping an undecodable pack %d on %r from %s: %s", index, topic, broker, exc)
+                            values = []
+                    queue.put((broker, gen, index, values), self._stop)
+        finally:
+            conn.close()
+
+    def _tracker(self, topic: str) -> _Tracker:
+        if self.auto_commit:
+            raise ValueError("this StreamConsumer has auto_commit=True: the broker moves the group as it fetches; "
+                             "commits, positions and seeks need StreamConsumer(..., auto_commit=False)")  # fmt: skip
+        tracker = self._trackers.get(topic)
+        if tracker is None:
+            raise ValueError(f"topic {topic!r} is not consumed here (create_message_streams or subscribe first)")
+        return tracker
+
+    def _conn(self, broker: str) -> BrokerConnection:
+        conn = self._admin.get(broker)
+        if conn is None:
+            conn = self._admin[broker] = BrokerConnection(broker, timeout_ms=30_000)
+        return conn
+
+    def commit(self, messages: Iterable[Message] | None = None) -> None:
+        """Commit, per topic and broker, the position just after the last message
+        handed out (or, given ``messages``, after the last of them; see the class
+        docstring). Durable when it returns (the broker wrote it to its committed
+        page). Raises the BrokerError of a refused commit (e.g. this member lost its
+        hold on the group: its messages go to another member) after trying the others.
+        """
+        if self.auto_commit:
+            self._tracker("")
+        targets: dict[tuple[str, str], int] = {}
+        if messages is None:
+            for topic, tracker in self._trackers.items():
+                with tracker.lock:
+                    for broker, state in tracker.brokers.items():
+                        position = tracker.position(broker)
+                        if position is not None and position != state.committed:
+                            targets[topic, broker] = position
+        else:
+            last: dict[tuple[str, str], Message] = {}
+            for m in messages:
+                key = (m.topic, m.broker)
+                seen = last.get(key)
+                if seen is None or (m.index, m.offset) > (seen.index, seen.offset):
+                    last[key] = m
+            for (topic, broker), m in last.items():
+                state = self._tracker(topic).brokers[broker]
+                position = m.index + 1 if m.offset == m.count - 1 else m.index
+                if state.committed is None or position > state.committed:
+                    targets[topic, broker] = position
+        error: BaseException | None = None
+        with self._commit_lock:
+            for (topic, broker), position in targets.items():
+                request = T.CommitOffsetRequest(topic=topic, fanoutId=self.group, index=position,
+                                                memberId=self.member_id)  # fmt: skip
+                try:
+                    self._conn(broker).checked("commitOffset", request)
+                except (BrokerError, BrokerUnavailableError) as exc:
+                    error = error or exc
+                    continue
+                state = self._trackers[topic].brokers[broker]
+                state.committed = position
+        if error is not None:
+            raise error
+
+    def _release(self) -> None:
+        """Give up this member's hold on its groups (best effort, at close): another
+        member takes over at once instead of after the broker's lease time."""
+        for topic in self._trackers:
+            for broker in self.brokers:
+                request = T.CommitOffsetRequest(topic=topic, fanoutId=self.group, index=-1, memberId=self.member_id,
+                                                release=True)  # fmt: skip
+                try:
+                    self._conn(broker).checked("commitOffset", request)
+                except (BrokerError, BrokerUnavailableError) as exc:
+                    log.info("releasing group %r of %r on %s: %s", self.group, topic, broker, exc)
+
+    def committed(self, topic: str) -> dict[str, int | None]:
+        """The group's committed position of ``topic``: ``{broker: index}``, None for
+        a broker where the group never committed."""
+        out: dict[str, int | None] = {}
+        with self._commit_lock:
+            for broker in self.brokers:
+                response = self._conn(broker).checked(
+                    "getCommitted", T.GetCommittedRequest(topic=topic, fanoutId=self.group)
+                )
+                out[broker] = int(response.index) if response.committed else None
+        return out
+
+    def position(self, topic: str) -> dict[str, int]:
+        """Where :meth:`commit` would commit ``topic``: ``{broker: index}``, just after
+        the last message handed out (at pack granularity); the committed position
+        (or where the group would start) for a broker nothing was read from yet."""
+        tracker = self._tracker(topic)
+        with tracker.lock:
+            known = {broker: tracker.position(broker) for broker in tracker.brokers}
+        out: dict[str, int] = {}
+        for broker, position in known.items():
+            if position is None:
+                with self._commit_lock:
+                    response = self._conn(broker).checked(
+                        "getCommitted", T.GetCommittedRequest(topic=topic, fanoutId=self.group)
+                    )
+                position = int(response.index)
+            out[broker] = position
+        return out
+
+    def seek(self, topic: str, position: Mapping[str, int]) -> None:
+        """Read ``topic`` from ``position`` (``{broker: index}``, brokers left out are
+        not moved): messages fetched and not handed out for those brokers are dropped,
+        the next ones handed out start there. Commits nothing (:meth:`commit` does)."""
+        tracker = self._tracker(topic)
+        with tracker.lock:
+            for broker, index in position.items():
+                state = tracker.brokers.get(broker)
+                if state is None:
+                    raise ValueError(f"broker {broker!r} is not one of this consumer's {self.brokers}")
+                state.reset(int(index))
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Start fetching ``topics`` for :meth:`poll` (one stream each, kept inside)."""
+        self.create_message_streams(dict.fromkeys(topics, 1))
+
+    def poll(self, timeout_ms: int = 0, max_messages: int = 500) -> list[Any]:
+        """Up to ``max_messages`` messages of the consumed topics, waiting up to
+        ``timeout_ms`` for the first one; [] when none came. Works after
+        :meth:`subscribe` or :meth:`create_message_streams` (the streams share them)."""
+        if not self._poll_streams:
+            raise ValueError("nothing to poll: subscribe(topics) or create_message_streams first")
+        deadline = time.monotonic() + timeout_ms / 1000
+        streams = list(self._poll_streams.values())
+        while True:
+            out: list[Any] = []
+            for stream in streams:
+                out.extend(stream._poll(max_messages - len(out)))
+                if len(out) >= max_messages:
+                    return out
+            if out:
+                return out
+            with self._cond:
+                if any(s._queue.chunks for s in streams):
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or all(s._queue.finished for s in streams):
+                    return out
+                self._cond.wait(remaining)
+
+    def close(self, timeout: float | None = 30.0, *, commit: bool = True) -> None:
         """Stop fetching; messages already fetched are still handed out by the streams,
-        which then stop. Closing twice is fine."""
+        which then stop. Closing twice is fine.
+
+        With ``auto_commit=False``: commits what was handed out (unless
+        ``commit=False``), and drops what was fetched and not handed out (the
+        group's next reader gets it from the committed position).
+        """
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         for thread in self._fetchers:
             thread.join(timeout)
-        for queue in self._queues.values():
-            with queue.cond:
-                queue.finished = True
-                queue.cond.notify_all()
+        try:
+            if commit and not self.auto_commit and self._trackers:
+                self.commit()
+        finally:
+            for queue in self._queues.values():
+                with queue.cond:
+                    queue.finished = True
+                    if not self.auto_commit:
+                        queue.chunks.clear()
+                    queue.cond.notify_all()
+            if not self.auto_commit:
+                self._release()
+            for conn in self._admin.values():
+                conn.close()
 
     def __enter__(self) -> StreamConsumer:
         return self

@@ -13,7 +13,10 @@
 //   - EXTENSION: ConsumeRequest field 6 `withTimestamps` and ConsumeResponse
 //     field 4 `timestampList` / field 5 `firstIndex` (optional; see below);
 //   - EXTENSION: method `listTopics` and its structs TopicInfo,
-//     ListTopicsRequest, ListTopicsResponse (see below).
+//     ListTopicsRequest, ListTopicsResponse (see below);
+//   - EXTENSION: committed positions (at-least-once groups): ConsumeRequest
+//     field 7 `fromCommitted` and field 8 `memberId`, methods `commitOffset`
+//     and `getCommitted` and their structs (see below).
 // Further extensions must be new optional fields or new methods only.
 
 namespace java com.leansoft.luxun.api.generated
@@ -80,6 +83,18 @@ struct ConsumeRequest {
     // (timestampList) and the index of its first item (firstIndex). Unset or
     // false: neither is sent, exactly as the original broker replies.
     6: optional bool withTimestamps,
+    // EXTENSION (luxun-py). true, with fanoutId: read the group's items by index
+    // without moving any position: from startIndex when it is set and >= 0 (it
+    // must lie in [committed position, head]), else from the group's committed
+    // position (a group that never committed: where it stands, tail for a new
+    // group). The reply always sets firstIndex. A group that has committed refuses
+    // consumes without fromCommitted (FAILURE/INTERNAL_ERROR).
+    7: optional bool fromCommitted,
+    // EXTENSION (luxun-py), with fromCommitted: the reading member's id. The
+    // first member to read a (topic, group) holds it on this broker until it makes
+    // no call for the broker's lease time (a few seconds); meanwhile other members
+    // get TRY_LATER/ALL_MESSAGE_CONSUMED (nothing to read for them).
+    8: optional string memberId,
 }
 
 struct ConsumeResponse {
@@ -148,6 +163,38 @@ struct ListTopicsResponse {
     2: list<TopicInfo> topics,
 }
 
+// EXTENSION (luxun-py; not in the original Luxun IDL): committed positions of
+// consumer groups (at-least-once consumption). A broker built from the original
+// IDL answers these methods with a TApplicationException UNKNOWN_METHOD.
+struct CommitOffsetRequest {
+    1: required string topic,
+    2: required string fanoutId,
+    // the next index the group reads: tail <= index <= head (else FAILURE/INDEX_OUT_OF_BOUNDS)
+    3: required i64 index,
+    // set: refused (FAILURE/INTERNAL_ERROR) unless this member holds the group's lease
+    4: optional string memberId,
+    // true, with memberId: then give up the member's lease, so that another member
+    // reads the group at once (a member that closes). index -1: release only.
+    5: optional bool release,
+}
+
+struct CommitOffsetResponse {
+    1: required Result result,
+}
+
+struct GetCommittedRequest {
+    1: required string topic,
+    2: required string fanoutId,
+}
+
+struct GetCommittedResponse {
+    1: required Result result,
+    // the committed index; for a group that never committed, where it would read from
+    2: i64 index,
+    // true when the group has committed a position
+    3: bool committed,
+}
+
 service QueueService {
     ProduceResponse produce(1: ProduceRequest produceRequest);
 
@@ -165,4 +212,10 @@ service QueueService {
 
     // EXTENSION (luxun-py), see ListTopicsResponse.
     ListTopicsResponse listTopics(1: ListTopicsRequest listTopicsRequest);
+
+    // EXTENSION (luxun-py), see CommitOffsetRequest.
+    CommitOffsetResponse commitOffset(1: CommitOffsetRequest commitOffsetRequest);
+
+    // EXTENSION (luxun-py), see GetCommittedRequest.
+    GetCommittedResponse getCommitted(1: GetCommittedRequest getCommittedRequest);
 }

@@ -5,6 +5,7 @@
     luxun serve [--config server.properties] [--data-dir DIR] [--host H] [--port P] ...
     luxun produce TOPIC [--async]  lines from stdin, one item each
     luxun consume TOPIC (--group G | --from-index N | --from earliest|latest) [--max N] [--wait-ms MS]
+                  [--commit | --no-commit]   (with --group: read from the committed position)
     luxun topics [--metrics URL]   topics, sizes, group lag (listTopics, or the metrics endpoint)
     luxun delete TOPIC --password PW
 
@@ -93,6 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     consume.add_argument("--max", type=int, default=0, help="stop after this many items (0: no limit)")
     consume.add_argument("--wait-ms", type=int, default=0, help="at the end, wait this long for more (0: exit)")
     consume.add_argument("--fetch-bytes", type=int, default=1 << 20, help="bytes per fetch (default 1 MiB)")
+    commit_mode = consume.add_mutually_exclusive_group()
+    commit_mode.add_argument(
+        "--commit",
+        dest="commit",
+        action="store_const",
+        const=True,
+        help="with --group: read from the group's committed position and commit after printing (at-least-once; "
+        "the group then only accepts committed reads)",
+    )
+    commit_mode.add_argument(
+        "--no-commit",
+        dest="commit",
+        action="store_const",
+        const=False,
+        help="with --group: read from the group's committed position and move nothing (a peek)",
+    )
 
     topics = sub.add_parser("topics", help="list topics with sizes and group lag")
     topics.add_argument(
@@ -305,6 +322,11 @@ def _connection_lost(cause: BaseException | None) -> bool:
 def _cmd_consume(args: argparse.Namespace) -> int:
     from idl import luxun_thrift as T
 
+    if args.commit is not None:
+        if not args.group:
+            raise CliError("--commit and --no-commit need --group", 2)
+        return _consume_committed(args)
+
     out = sys.stdout.buffer
     seen = 0
     conn = _connect(args, extra_timeout_ms=args.wait_ms)
@@ -344,6 +366,45 @@ def _cmd_consume(args: argparse.Namespace) -> int:
             if index is not None:
                 index = response.lastConsumedIndex + 1
     print(f"consumed {seen} items from {args.topic!r}", file=sys.stderr)
+    return 0
+
+
+def _consume_committed(args: argparse.Namespace) -> int:
+    """``consume --group G --commit/--no-commit``: read by index from the group's
+    committed position; with --commit, commit after each printed batch."""
+    from idl import luxun_thrift as T
+
+    out = sys.stdout.buffer
+    seen = 0
+    conn = _connect(args, extra_timeout_ms=args.wait_ms)
+    with conn:
+        index: int | None = None  # None: from the committed position
+        while not args.max or seen < args.max:
+            request = T.ConsumeRequest(topic=args.topic, fanoutId=args.group, startIndex=index, fromCommitted=True,
+                                       maxFetchSize=args.fetch_bytes, maxWaitMs=args.wait_ms or None)  # fmt: skip
+            response = conn.call("consume", request)
+            result = response.result
+            if result.resultCode != T.ResultCode.SUCCESS:
+                if result.resultCode == T.ResultCode.TRY_LATER or result.errorCode == T.ErrorCode.TOPIC_IS_EMPTY:
+                    break
+                raise CliError(f"consume from {args.topic!r} on {conn.where}: {_failure(result)}")
+            items = response.itemList or []
+            first = response.lastConsumedIndex - len(items) + 1
+            if args.max:
+                items = items[: args.max - seen]
+            for item in items:
+                out.write(item + b"\n")
+            out.flush()
+            seen += len(items)
+            index = first + len(items)
+            if args.commit:
+                commit = T.CommitOffsetRequest(topic=args.topic, fanoutId=args.group, index=index)
+                error = _failure(conn.call("commitOffset", commit).result)
+                if error:
+                    raise CliError(f"commit of group {args.group!r} on {args.topic!r} on {conn.where}: {error}")
+    verb = f"committed up to index {index}" if args.commit and seen else "nothing committed"
+    print(f"consumed {seen} items from {args.topic!r} from the committed position of group {args.group!r} ({verb})",
+          file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -43,12 +43,35 @@ topic wakes it. ``ConsumeRequest.withTimestamps`` (field 6): the reply also carr
 ``timestampList`` (each item's append time, ms) and ``firstIndex`` (the first item's
 index, by group too).
 
+Extensions for at-least-once groups (committed positions): ``commitOffset`` stores a
+group's committed index (the next index it reads; tail <= index <= head, else
+FAILURE/INDEX_OUT_OF_BOUNDS) crash-safe beside its position
+(``committed_<group>/page-0.dat``), and ``getCommitted`` reads it. A consume with
+``fromCommitted`` (field 7) reads the group's items by index, from ``startIndex`` when
+set (>= 0), else from the committed index (a group that never committed: from where
+it stands, tail for a new group), and moves no position. How the two modes relate,
+the one rule: **a group that has committed is an at-least-once group for good**:
+consumes of it without ``fromCommitted`` (the auto-moving, at-most-once mode) are
+refused with FAILURE/INTERNAL_ERROR naming the group, never mixed silently; a commit
+also moves the group's position, so ``getSize``, lag and clean-up count from the
+committed index; an at-most-once group that starts committing reads on from where it
+stood. Going back means deleting the group (a new group name). Members: a consume
+with ``fromCommitted`` and a ``memberId`` (field 8) leases the (topic, group) on this
+broker to that member until it makes no such call for ``group_lease_s`` (5 s) or
+gives it up (``commitOffset`` with ``release``, as a closing member does); other
+members get TRY_LATER/ALL_MESSAGE_CONSUMED meanwhile, and a commit carrying another
+member's id is refused. So one member at a time reads a (topic, group) per broker (a
+broker is the unit of parallelism, as a partition in Kafka), and a killed member's
+uncommitted items go to a surviving member, from the committed index, once its
+lease runs out.
+
 Thread-safety: one handler serves every connection thread.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +84,7 @@ from bigarray import (
     ItemTooLargeError,
     validate_name,
 )
+from bigarray.fanout import CommittedGroupError
 from idl import luxun_thrift as T
 
 from .errors import (
@@ -69,6 +93,7 @@ from .errors import (
     IndexOutOfBounds,
     InternalError,
     InvalidTopic,
+    LuxunError,
     MessageSizeTooLarge,
     TopicIsEmpty,
     TopicNotExist,
@@ -94,6 +119,8 @@ MAX_WAIT_MS = 60_000
 UNKNOWN_TOPIC_WAIT_S = 0.5
 #: Failed oneway produces are logged at most this often (they are all counted).
 _WARN_EVERY_S = 10.0
+#: A member's lease on a (topic, group) read from its committed position, in s.
+GROUP_LEASE_S = 5.0
 
 _OK = T.Result(resultCode=SUCCESS)
 
@@ -137,6 +164,10 @@ class QueueHandler:
         self.password_check = password_check
         self.metrics = metrics
         self._last_async_warning = -_WARN_EVERY_S
+        #: (topic, group) -> (member id, lease end on the monotonic clock); see commitOffset.
+        self.group_lease_s = GROUP_LEASE_S
+        self._leases: dict[tuple[str, str], tuple[str, float]] = {}
+        self._leases_lock = threading.Lock()
         #: True while another connection holds input not processed yet; the server
         #: sets it (ThriftServer.input_pending). In process: nothing is ever pending.
         self.input_pending: Callable[[], bool] = lambda: False
@@ -305,6 +336,8 @@ class QueueHandler:
     def _ready_check(self, request: Any) -> Any:
         group = request.fanoutId
         start = request.startIndex or 0
+        if group and request.fromCommitted:
+            return self._committed_ready(request)
 
         def ready(topic: Topic | None) -> bool:
             if topic is None:
@@ -353,6 +386,9 @@ class QueueHandler:
                 return reply(TopicIsEmpty(name, broker_id=self.broker_id).to_result())
             start = first = request.startIndex or 0
             items: list[bytes] | ItemBlob
+            if group and request.fromCommitted:  # EXTENSION: by index from the committed position
+                start = first = self._committed_start(queue, name, group, request)
+                group = None
             if group:
                 if max_bytes is None and not with_times:  # one item: the cheaper single-item path
                     item = queue.dequeue(group)
@@ -382,6 +418,10 @@ class QueueHandler:
             return reply(_OK, items)
         except InvalidNameError as exc:  # the group's name: the topic's was checked above
             return reply(_invalid_fanout(exc))
+        except LuxunError as exc:  # from _committed_start
+            return reply(exc.to_result())
+        except CommittedGroupError:
+            return reply(self._committed_group(name, group))
         except IndexOutOfRangeError as exc:
             if retry and queue is not None and queue.closed:
                 return self._consume_once(request, blob, retry=False)
@@ -544,3 +584,160 @@ class QueueHandler:
             result, infos = self._internal(exc), []
         self.metrics.observe("listTopics", time.perf_counter() - t0, result.errorCode)
         return T.ListTopicsResponse(result=result, topics=infos)
+
+    # -- extensions: committed positions (at-least-once groups) -------------------------
+    def commitOffset(self, request: Any) -> Any:
+        """Commit a group's position (EXTENSION; see the module docstring)."""
+        if request is None:
+            return T.CommitOffsetResponse(result=self._no_request("commitOffset", "CommitOffsetRequest").to_result())
+        t0 = time.perf_counter()
+        name, group, index = request.topic, request.fanoutId, request.index
+        try:
+            validate_name(name, what="topic")
+            result = self._not_exist(name)
+            for _ in range(2):  # a second time if the topic was closed to make room meanwhile
+                topic = self.topics.get(name) or self.topics.open(name)
+                if topic is None:
+                    break
+                holder = self._take_lease(name, group, request.memberId) if request.memberId else None
+                if request.release and request.memberId and index == -1:  # release only
+                    if holder is None:
+                        self._release_lease(name, group, request.memberId)
+                    result = _OK
+                    break
+                if holder is not None:
+                    result = InternalError(
+                        f"commit of group {group!r} on topic {name!r} by member {request.memberId!r} refused: "
+                        f"member {holder!r} holds the group on broker {self.broker_id} (this member's lease ran out)"
+                    ).to_result()
+                    break
+                try:
+                    topic.queue.commit(group, index)
+                    result = _OK
+                    if request.release and request.memberId:
+                        self._release_lease(name, group, request.memberId)
+                    break
+                except ArrayClosedError:
+                    continue
+                except InvalidNameError as exc:  # the group's name
+                    result = _invalid_fanout(exc)
+                    break
+                except IndexOutOfRangeError as exc:
+                    result = _result(
+                        FAILURE,
+                        E.INDEX_OUT_OF_BOUNDS,
+                        f"commit of index {index} for group {group!r} of topic {name!r} refused: outside "
+                        f"[tail, head] = [{exc.tail}, {exc.head - 1}] on broker {self.broker_id}",
+                    )
+                    break
+        except InvalidNameError as exc:
+            result = InvalidTopic(name, str(exc)).to_result()
+        except Exception as exc:
+            _limited.exception("commitOffset", "commitOffset on %r failed", name)
+            result = self._internal(exc)
+        self.metrics.observe("commitOffset", time.perf_counter() - t0, result.errorCode)
+        return T.CommitOffsetResponse(result=result)
+
+    def getCommitted(self, request: Any) -> Any:
+        """A group's committed index (EXTENSION; see the module docstring)."""
+        if request is None:
+            error = self._no_request("getCommitted", "GetCommittedRequest")
+            return T.GetCommittedResponse(result=error.to_result(), index=0, committed=False)
+        t0 = time.perf_counter()
+        name, group = request.topic, request.fanoutId
+        index, committed = 0, False
+        try:
+            validate_name(name, what="topic")
+            result = self._not_exist(name)
+            for _ in range(2):
+                topic = self.topics.get(name) or self.topics.open(name)
+                if topic is None:
+                    break
+                try:
+                    value = topic.queue.committed(group)
+                    index = topic.queue.committed_start(group) if value is None else value
+                    committed = value is not None
+                    result = _OK
+                    break
+                except ArrayClosedError:
+                    continue
+                except InvalidNameError as exc:
+                    result = _invalid_fanout(exc)
+                    break
+        except InvalidNameError as exc:
+            result = InvalidTopic(name, str(exc)).to_result()
+        except Exception as exc:
+            _limited.exception("getCommitted", "getCommitted on %r failed", name)
+            result = self._internal(exc)
+        self.metrics.observe("getCommitted", time.perf_counter() - t0, result.errorCode)
+        return T.GetCommittedResponse(result=result, index=index, committed=committed)
+
+    def _take_lease(self, name: str, group: str, member: str) -> str | None:
+        """Give (or renew) ``member`` the lease on (topic, group); the holder's id when
+        another member holds it."""
+        now = time.monotonic()
+        key = (name, group)
+        with self._leases_lock:
+            held = self._leases.get(key)
+            if held is not None and held[0] != member and held[1] > now:
+                return held[0]
+            self._leases[key] = (member, now + self.group_lease_s)
+            if len(self._leases) > 4096:  # forget expired leases now and then
+                self._leases = {k: v for k, v in self._leases.items() if v[1] > now}
+            return None
+
+    def _release_lease(self, name: str, group: str, member: str) -> None:
+        """Drop ``member``'s lease on (topic, group), if it holds it."""
+        with self._leases_lock:
+            held = self._leases.get((name, group))
+            if held is not None and held[0] == member:
+                del self._leases[name, group]
+
+    def _committed_start(self, queue: Any, name: str, group: str, request: Any) -> int:
+        """Where a ``fromCommitted`` consume reads: ``startIndex`` if set (>= 0), else
+        the committed index; raises a LuxunError (TRY_LATER) when another member holds
+        the group."""
+        member = request.memberId
+        if member:
+            holder = self._take_lease(name, group, member)
+            if holder is not None:
+                error = AllMessageConsumed(name, fanout_id=group)
+                error.args = (
+                    f"group {group!r} of topic {name!r} is read by member {holder!r} on broker {self.broker_id}; "
+                    "try later (its lease runs out after it stops reading)",
+                )
+                raise error
+        start = request.startIndex
+        if start is not None and start >= 0:
+            return int(start)
+        return int(queue.committed_start(group))
+
+    def _committed_ready(self, request: Any) -> Any:
+        """The long-poll check of a ``fromCommitted`` consume: items to read, and the
+        group not held by another member."""
+        name, group, member = request.topic, request.fanoutId, request.memberId
+
+        def ready(topic: Topic | None) -> bool:
+            if topic is None:
+                return False
+            if member:
+                with self._leases_lock:
+                    held = self._leases.get((name, group))
+                if held is not None and held[0] != member and held[1] > time.monotonic():
+                    return False
+            start = request.startIndex
+            try:
+                if start is None or start < 0:
+                    start = topic.queue.committed_start(group)
+            except InvalidNameError:
+                return True  # answered at once
+            return topic.queue.head > start  # type: ignore[no-any-return]
+
+        return ready
+
+    def _committed_group(self, name: str, group: str) -> Any:
+        """The refusal of an auto-moving consume of an at-least-once group."""
+        return InternalError(
+            f"group {group!r} of topic {name!r} commits its positions (at-least-once): consume it with "
+            "fromCommitted (StreamConsumer(auto_commit=False), luxun consume --commit), not by group"
+        ).to_result()

@@ -323,7 +323,7 @@ def parse_consume_call(buf: bytes | bytearray, start: int, end: int) -> tuple[in
 # -- requests with a required field missing ---------------------------------------------------
 #: Optional fields (our IDL extensions): Java's generated toString shows them only when
 #: set; thriftpy2's spec does not tell optional from default requiredness.
-_OPTIONAL_FIELDS = frozenset({"maxWaitMs", "withTimestamps"})
+_OPTIONAL_FIELDS = frozenset({"maxWaitMs", "withTimestamps", "fromCommitted", "memberId", "release"})
 _T_BOOL, _T_BINARY = 2, 18
 _JAVA_BINARY_SHOWN = 128  # bytes of a binary field TBaseHelper.toString shows
 

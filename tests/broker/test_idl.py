@@ -167,8 +167,16 @@ API_STRUCTS = [
     "GetSizeResponse",
 ]
 #: Structs and methods of ours that the original IDL does not have (new names only).
-EXTENSION_STRUCTS = ["TopicInfo", "ListTopicsRequest", "ListTopicsResponse"]
-EXTENSION_METHODS = ["listTopics"]
+EXTENSION_STRUCTS = [
+    "TopicInfo",
+    "ListTopicsRequest",
+    "ListTopicsResponse",
+    "CommitOffsetRequest",
+    "CommitOffsetResponse",
+    "GetCommittedRequest",
+    "GetCommittedResponse",
+]
+EXTENSION_METHODS = ["listTopics", "commitOffset", "getCommitted"]
 MESSAGE_STRUCTS = ["TMessageList", "TMessagePack"]
 
 PROTOCOLS = [TBinaryProtocolFactory(), TCyBinaryProtocolFactory()]
@@ -273,6 +281,8 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         4: (TType.I32, "maxFetchSize", False),
         5: (TType.I32, "maxWaitMs", False),
         6: (TType.BOOL, "withTimestamps", False),
+        7: (TType.BOOL, "fromCommitted", False),
+        8: (TType.STRING, "memberId", False),
     },
     "ConsumeResponse": {
         1: (TType.STRUCT, "result", "Result", True),
@@ -303,6 +313,20 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
     "ListTopicsResponse": {
         1: (TType.STRUCT, "result", "Result", True),
         2: (TType.LIST, "topics", (TType.STRUCT, T.TopicInfo), False),
+    },
+    "CommitOffsetRequest": {
+        1: (TType.STRING, "topic", True),
+        2: (TType.STRING, "fanoutId", True),
+        3: (TType.I64, "index", True),
+        4: (TType.STRING, "memberId", False),
+        5: (TType.BOOL, "release", False),
+    },
+    "CommitOffsetResponse": {1: (TType.STRUCT, "result", "Result", True)},
+    "GetCommittedRequest": {1: (TType.STRING, "topic", True), 2: (TType.STRING, "fanoutId", True)},
+    "GetCommittedResponse": {
+        1: (TType.STRUCT, "result", "Result", True),
+        2: (TType.I64, "index", False),
+        3: (TType.BOOL, "committed", False),
     },
     "TMessageList": {1: (TType.LIST, "messages", TType.BINARY, False)},
     "TMessagePack": {
@@ -368,6 +392,8 @@ def test_struct_matches_original(name: str, original: Any) -> None:
     if name == "ConsumeRequest":
         assert ours.pop(5) == (TType.I32, "maxWaitMs", False)
         assert ours.pop(6) == (TType.BOOL, "withTimestamps", False)
+        assert ours.pop(7) == (TType.BOOL, "fromCommitted", False)
+        assert ours.pop(8) == (TType.STRING, "memberId", False)
     if name == "ConsumeResponse":
         assert ours.pop(4) == (TType.LIST, "timestampList", TType.I64, False)
         assert ours.pop(5) == (TType.I64, "firstIndex", False)
@@ -421,6 +447,8 @@ def test_service_methods_and_oneway() -> None:
         "deleteTopic",
         "getSize",
         "listTopics",
+        "commitOffset",
+        "getCommitted",
     ]
     oneway = {m for m in QueueService.thrift_services if getattr(QueueService, m + "_result").oneway}
     assert oneway == {"asyncProduce"}

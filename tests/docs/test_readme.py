@@ -46,10 +46,18 @@ README = Path(os.environ.get("LUXUN_README", REPO_ROOT / "README.md"))
 BROKER = "Quickstart: the broker"
 STORAGE = "Quickstart: the storage library"
 CLIENTS = "Quickstart: Python clients"
+AT_LEAST_ONCE = "At-least-once consumer groups"
 SPARK = "Spark"
-SECTIONS = (BROKER, STORAGE, CLIENTS, SPARK)
+SECTIONS = (BROKER, STORAGE, CLIENTS, AT_LEAST_ONCE, SPARK)
 #: The (section, language) blocks the tests below run; every block under SECTIONS must be one.
-COVERED = {(BROKER, "sh"), (BROKER, "python"), (STORAGE, "python"), (CLIENTS, "python"), (SPARK, "python")}
+COVERED = {
+    (BROKER, "sh"),
+    (BROKER, "python"),
+    (STORAGE, "python"),
+    (CLIENTS, "python"),
+    (AT_LEAST_ONCE, "python"),
+    (SPARK, "python"),
+}
 
 BLOCK_TIMEOUT_S = 90
 SPARK_BLOCK_TIMEOUT_S = 240
@@ -343,6 +351,21 @@ check(future.result(), 0)
 check(fetched.messages, [click])
 check(fetched.next_index, 1)
 check(message, click)
+"""
+    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+
+
+def test_at_least_once_quickstart(brokers: StartBroker) -> None:
+    """auto_commit=False: poll, commit, position; the commit is on the broker after close."""
+    broker = brokers()
+    blk = block(AT_LEAST_ONCE, "python")
+    code = rewrite(blk, {"127.0.0.1:9092": address(broker)})
+    checks = f"""
+from clients.consumer import SimpleConsumer
+check(done, 10)
+check(value('consumer.position("orders")'), {{{address(broker)!r}: 1}})
+with SimpleConsumer({address(broker)!r}) as simple:
+    check(simple.committed("orders", "billing"), 1)
 """
     run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
 

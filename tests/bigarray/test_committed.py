@@ -1,0 +1,143 @@
+"""Committed positions of fanout groups (at-least-once groups): stored beside the
+group's position, refused by dequeue, and readable after kill -9 of the writer."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bigarray import FanoutQueue, IndexOutOfRangeError
+from bigarray.fanout import CommittedGroupError
+
+from ._util import PYTHON, ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def filled(path: Path, n: int = 10) -> FanoutQueue:
+    q = FanoutQueue(path)
+    q.enqueue_many([b"item-%d" % i for i in range(n)])
+    return q
+
+
+def test_commit_is_stored_beside_the_group_position(tmp_path: Path) -> None:
+    with filled(tmp_path / "q") as q:
+        assert q.committed("g") is None
+        assert q.committed_start("g") == 0  # a new group starts at tail, and is not created
+        assert q.groups() == []
+        q.commit("g", 4)
+        assert q.committed("g") == 4
+        assert q.committed_start("g") == 4
+        assert q.size("g") == 6  # the group's position moved with the commit
+    page = tmp_path / "q" / "committed_g" / "page-0.dat"
+    assert struct.unpack(">q", page.read_bytes()[:8]) == (4,)
+    assert struct.unpack(">q", (tmp_path / "q" / "front_index_g" / "page-0.dat").read_bytes()[:8]) == (4,)
+    with FanoutQueue(tmp_path / "q") as q:
+        assert q.committed("g") == 4
+        assert q.groups() == ["g"]
+
+
+def test_commit_outside_tail_head_is_refused(tmp_path: Path) -> None:
+    with filled(tmp_path / "q") as q:
+        q.commit("g", 10)  # head: everything processed
+        with pytest.raises(IndexOutOfRangeError):
+            q.commit("g", 11)
+        q.remove_before_index(3)
+        with pytest.raises(IndexOutOfRangeError):
+            q.commit("g", 2)
+        assert q.committed("g") == 10
+        q.commit("g", 3)  # backwards is allowed (a seek)
+        assert q.committed("g") == 3
+
+
+def test_a_committing_group_refuses_dequeue(tmp_path: Path) -> None:
+    with filled(tmp_path / "q") as q:
+        assert q.dequeue("auto") == b"item-0"
+        q.commit("g", 2)
+        for call in (
+            lambda: q.dequeue("g"),
+            lambda: q.dequeue_many("g", max_items=3),
+            lambda: q.dequeue_blob("g", max_items=3),
+        ):
+            with pytest.raises(CommittedGroupError, match="'g' commits its positions"):
+                call()
+        assert q.committed("g") == 2
+        # an at-most-once group that starts committing continues where it stands
+        assert q.committed_start("auto") == 1
+        assert q.dequeue("auto") == b"item-1"
+
+
+def test_remove_group_forgets_the_committed_position(tmp_path: Path) -> None:
+    with filled(tmp_path / "q") as q:
+        q.commit("g", 5)
+        q.remove_group("g")
+        assert not (tmp_path / "q" / "committed_g").exists()
+        assert q.committed("g") is None
+        assert q.dequeue("g") == b"item-0"  # an ordinary group again
+
+
+def test_retention_past_the_committed_index_starts_at_tail(tmp_path: Path) -> None:
+    with filled(tmp_path / "q") as q:
+        q.commit("g", 2)
+        q.remove_before_index(5)
+        assert q.committed_start("g") == 5
+        q.cleanup()  # the committed group is the slowest: nothing below it matters
+        assert q.tail == 5
+
+
+def test_a_committed_position_beyond_head_after_a_crash_is_moved_to_head(tmp_path: Path) -> None:
+    with filled(tmp_path / "q") as q:
+        q.commit("g", 10)
+    # items lost in a crash: head rolled back below the committed index
+    meta = tmp_path / "q" / "meta_data" / "page-0.dat"
+    data = bytearray(meta.read_bytes())
+    data[0:8] = struct.pack(">q", 7)
+    meta.write_bytes(bytes(data))
+    with FanoutQueue(tmp_path / "q") as q:
+        assert q.head == 7
+        assert q.committed("g") == 7
+
+
+COMMITTER = """
+import sys
+from bigarray import FanoutQueue
+q = FanoutQueue(sys.argv[1])
+out = sys.stdout
+i = q.committed("g") or 0
+while True:
+    i = i + 1 if i < q.head else q.tail
+    q.commit("g", i)
+    out.write(f"{i}\\n")
+    out.flush()
+"""
+
+
+def test_committed_positions_survive_kill_9(tmp_path: Path) -> None:
+    """A process commits as fast as it can and is killed at random moments: after each
+    kill the committed index is the last one acknowledged or the one after it."""
+    path = tmp_path / "q"
+    with FanoutQueue(path) as q:
+        q.enqueue_many([b"x"] * 5000)
+    rng = random.Random(11)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for _ in range(10):
+        acks = tmp_path / "acks.txt"
+        with acks.open("w") as out:
+            proc = subprocess.Popen([PYTHON, "-c", COMMITTER, str(path)], stdout=out, cwd=ROOT, env=env)
+            deadline = time.monotonic() + 20
+            while acks.stat().st_size == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.2))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        lines = acks.read_text().split("\n")
+        last = int(lines[-2])  # the last complete line was acknowledged
+        with FanoutQueue(path) as q:
+            assert q.committed("g") in (last, last + 1, q.tail), (last, q.committed("g"))

@@ -1,0 +1,225 @@
+"""Committed positions over the wire (EXTENSION): commitOffset, getCommitted, consume
+fromCommitted, the refusal of auto-moving consumes of a committing group, member
+leases, and commits that survive a kill -9 of the broker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from thriftpy2.protocol import TCyBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TCyFramedTransportFactory
+
+from idl import QueueService
+from idl import luxun_thrift as T
+from luxun.service import GROUP_LEASE_S
+from tests._broker import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+E = T.ErrorCode
+R = T.ResultCode
+
+
+def produce(client: Any, topic: str, n: int) -> None:
+    for i in range(n):
+        assert client.produce(T.ProduceRequest(item=b"m%d" % i, topic=topic)).result.resultCode == R.SUCCESS
+
+
+def commit(client: Any, topic: str, group: str, index: int, member: str | None = None) -> Any:
+    return client.commitOffset(T.CommitOffsetRequest(topic=topic, fanoutId=group, index=index, memberId=member)).result
+
+
+def committed(client: Any, topic: str, group: str) -> tuple[int, bool]:
+    response = client.getCommitted(T.GetCommittedRequest(topic=topic, fanoutId=group))
+    assert response.result.resultCode == R.SUCCESS, response.result
+    return response.index, response.committed
+
+
+def from_committed(client: Any, topic: str, group: str, **fields: Any) -> Any:
+    return client.consume(
+        T.ConsumeRequest(topic=topic, fanoutId=group, maxFetchSize=1 << 20, fromCommitted=True, **fields)
+    )
+
+
+def test_commit_read_and_consume_from_committed(broker: Any, client: Any) -> None:
+    produce(client, "t", 5)
+    assert committed(client, "t", "g") == (0, False)  # a new group: tail, nothing committed
+    response = from_committed(client, "t", "g")
+    assert response.itemList == [b"m0", b"m1", b"m2", b"m3", b"m4"] and response.lastConsumedIndex == 4
+    # reading from the committed position moves nothing
+    assert from_committed(client, "t", "g").itemList == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    assert commit(client, "t", "g", 3).resultCode == R.SUCCESS
+    assert committed(client, "t", "g") == (3, True)
+    assert from_committed(client, "t", "g").itemList == [b"m3", b"m4"]
+    assert from_committed(client, "t", "g", startIndex=4).itemList == [b"m4"]
+    assert client.getSize(T.GetSizeRequest(topic="t", fanoutId="g")).size == 2  # lag counts from the commit
+    assert commit(client, "t", "g", 5).resultCode == R.SUCCESS
+    empty = from_committed(client, "t", "g")
+    assert (empty.result.resultCode, empty.result.errorCode) == (R.TRY_LATER, E.ALL_MESSAGE_CONSUMED)
+    # a long poll wakes up on a produce
+    t0 = time.monotonic()
+    produce(client, "t", 0)
+    assert from_committed(client, "t", "g", maxWaitMs=200).result.errorCode == E.ALL_MESSAGE_CONSUMED
+    assert time.monotonic() - t0 >= 0.15
+
+
+def test_commit_outside_tail_head_and_bad_names_are_refused(broker: Any, client: Any) -> None:
+    produce(client, "t", 3)
+    result = commit(client, "t", "g", 4)
+    assert (result.resultCode, result.errorCode) == (R.FAILURE, E.INDEX_OUT_OF_BOUNDS)
+    assert "commit of index 4 for group 'g' of topic 't' refused: outside [tail, head] = [0, 3]" in result.errorMessage
+    assert commit(client, "t", "g", -1).errorCode == E.INDEX_OUT_OF_BOUNDS
+    assert commit(client, "nope", "g", 0).errorCode == E.TOPIC_NOT_EXIST
+    assert commit(client, "a/b", "g", 0).errorCode == E.INVALID_TOPIC
+    bad_group = commit(client, "t", "a/b", 0)
+    assert bad_group.errorCode == E.INTERNAL_ERROR and "invalid fanout identifier" in bad_group.errorMessage
+    assert committed(client, "t", "g") == (0, False)
+
+
+def test_a_committing_group_refuses_auto_consumes(broker: Any, client: Any) -> None:
+    produce(client, "t", 3)
+    auto = client.consume(T.ConsumeRequest(topic="t", fanoutId="g", maxFetchSize=0))
+    assert auto.itemList == [b"m0"]
+    # an at-most-once group that starts committing reads on from where it stood
+    assert committed(client, "t", "g") == (1, False)
+    assert commit(client, "t", "g", 1).resultCode == R.SUCCESS
+    for fetch in (0, 1 << 20):
+        refused = client.consume(T.ConsumeRequest(topic="t", fanoutId="g", maxFetchSize=fetch))
+        assert (refused.result.resultCode, refused.result.errorCode) == (R.FAILURE, E.INTERNAL_ERROR)
+        assert "group 'g' of topic 't' commits its positions (at-least-once)" in refused.result.errorMessage
+        assert refused.itemList is None
+    assert from_committed(client, "t", "g").itemList == [b"m1", b"m2"]
+    # other groups and reads by index are not concerned
+    assert client.consume(T.ConsumeRequest(topic="t", fanoutId="other")).itemList == [b"m0"]
+    assert client.consume(T.ConsumeRequest(topic="t", startIndex=2)).itemList == [b"m2"]
+
+
+def test_one_member_at_a_time_reads_a_group(broker: Any, client: Any) -> None:
+    produce(client, "t", 2)
+    assert from_committed(client, "t", "g", memberId="a").itemList == [b"m0", b"m1"]
+    held = from_committed(client, "t", "g", memberId="b")
+    assert (held.result.resultCode, held.result.errorCode) == (R.TRY_LATER, E.ALL_MESSAGE_CONSUMED)
+    assert "read by member 'a'" in held.result.errorMessage
+    refused = commit(client, "t", "g", 2, member="b")
+    assert refused.resultCode == R.FAILURE and "member 'a' holds the group" in refused.errorMessage
+    assert commit(client, "t", "g", 1, member="a").resultCode == R.SUCCESS
+    # a waiting non-member does not spin: its long poll waits
+    t0 = time.monotonic()
+    assert from_committed(client, "t", "g", memberId="b", maxWaitMs=300).result.errorCode == E.ALL_MESSAGE_CONSUMED
+    assert time.monotonic() - t0 >= 0.25
+    # once a's lease runs out (it stopped reading), b reads from the committed index
+    time.sleep(GROUP_LEASE_S + 0.2)
+    assert from_committed(client, "t", "g", memberId="b").itemList == [b"m1"]
+    assert commit(client, "t", "g", 2, member="a").resultCode == R.FAILURE
+    assert commit(client, "t", "g", 2, member="b").resultCode == R.SUCCESS
+
+
+def test_a_member_that_releases_hands_over_at_once(broker: Any, client: Any) -> None:
+    produce(client, "t", 3)
+    assert from_committed(client, "t", "g", memberId="a").itemList == [b"m0", b"m1", b"m2"]
+    assert from_committed(client, "t", "g", memberId="b").result.errorCode == E.ALL_MESSAGE_CONSUMED
+    release = T.CommitOffsetRequest(topic="t", fanoutId="g", index=1, memberId="a", release=True)
+    assert client.commitOffset(release).result.resultCode == R.SUCCESS  # commit, then release
+    assert from_committed(client, "t", "g", memberId="b").itemList == [b"m1", b"m2"]
+    # release only (index -1) by a member that does not hold the group: nothing changes
+    other = T.CommitOffsetRequest(topic="t", fanoutId="g", index=-1, memberId="a", release=True)
+    assert client.commitOffset(other).result.resultCode == R.SUCCESS
+    assert from_committed(client, "t", "g", memberId="a").result.errorCode == E.ALL_MESSAGE_CONSUMED
+    assert committed(client, "t", "g") == (1, True)
+    mine = T.CommitOffsetRequest(topic="t", fanoutId="g", index=-1, memberId="b", release=True)
+    assert client.commitOffset(mine).result.resultCode == R.SUCCESS
+    assert from_committed(client, "t", "g", memberId="a").itemList == [b"m1", b"m2"]
+
+
+def test_commits_survive_kill_9_of_the_broker(broker_factory: Any, tmp_path: Any) -> None:
+    data = tmp_path / "data"
+    broker = broker_factory(data_dir=data)
+    client = broker.client()
+    produce(client, "t", 50)
+    for index in range(1, 41):
+        assert commit(client, "t", "g", index).resultCode == R.SUCCESS
+    client.close()
+    broker.stop(signal.SIGKILL)
+    assert (data / "t" / "committed_g" / "page-0.dat").exists()
+    again = broker_factory(data_dir=data)
+    client = again.client()
+    try:
+        assert committed(client, "t", "g") == (40, True)
+        assert from_committed(client, "t", "g").itemList == [b"m%d" % i for i in range(40, 50)]
+    finally:
+        client.close()
+
+
+# -- Java Luxun opens a topic directory that holds committed positions (skipped without its build) --
+JAVA_PEER = Path(os.environ.get("LUXUN_JAVA_PEER", Path(__file__).resolve().parents[2] / ".peers" / "luxun-java"))
+
+
+def start_java(tmp_path: Path, data: Path) -> tuple[subprocess.Popen[bytes], int]:
+    classpath = JAVA_PEER / "build" / "classpath.txt"
+    properties = JAVA_PEER / "src" / "luxun" / "conf" / "server.properties"
+    if not classpath.is_file() or not properties.is_file() or shutil.which("java") is None:
+        pytest.skip(f"no Java Luxun build at {JAVA_PEER} (set LUXUN_JAVA_PEER)")
+    port = free_port()
+    text = re.sub(r"(?m)^log\.dir=.*$", f"log.dir={data}", properties.read_text())
+    (tmp_path / "server.properties").write_text(re.sub(r"(?m)^port=.*$", f"port={port}", text))
+    (tmp_path / "log4j.properties").write_text(
+        "log4j.rootLogger=WARN, c\nlog4j.appender.c=org.apache.log4j.ConsoleAppender\n"
+        "log4j.appender.c.layout=org.apache.log4j.SimpleLayout\n"
+    )
+    with open(tmp_path / "java.log", "wb") as log:
+        proc = subprocess.Popen(
+            ["java", "-Dluxun.bind.host=127.0.0.1", f"-Dlog4j.configuration=file:{tmp_path / 'log4j.properties'}",
+             "-cp", classpath.read_text().strip(), "com.leansoft.luxun.Luxun", str(tmp_path / "server.properties")],
+            stdout=log, stderr=log,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return proc, port
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError((tmp_path / "java.log").read_text())
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+def test_java_luxun_opens_a_topic_with_committed_positions(broker_factory: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    ours = broker_factory(data_dir=data)
+    client = ours.client()
+    produce(client, "t", 5)
+    assert client.consume(T.ConsumeRequest(topic="t", fanoutId="a")).itemList == [b"m0"]
+    assert commit(client, "t", "g", 2).resultCode == R.SUCCESS
+    client.close()
+    ours.stop()
+    assert (data / "t" / "committed_g" / "page-0.dat").is_file()
+    proc, port = start_java(tmp_path, data)
+    try:
+        java = make_client(QueueService, "127.0.0.1", port, proto_factory=TCyBinaryProtocolFactory(),
+                           trans_factory=TCyFramedTransportFactory(), timeout=20_000)  # fmt: skip
+        # the at-most-once group goes on where it was; the committed group's position is the commit
+        assert java.consume(T.ConsumeRequest(topic="t", fanoutId="a")).itemList == [b"m1"]
+        assert java.getSize(T.GetSizeRequest(topic="t", fanoutId="g")).size == 3
+        assert java.produce(T.ProduceRequest(item=b"m5", topic="t")).result.resultCode == R.SUCCESS
+        java.close()
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    again = broker_factory(data_dir=data)
+    client = again.client()
+    try:
+        assert committed(client, "t", "g") == (2, True)
+        assert from_committed(client, "t", "g").itemList == [b"m2", b"m3", b"m4", b"m5"]
+    finally:
+        client.close()
