@@ -61,7 +61,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from idl import message_thrift as M
 
-from .errors import LuxunClientError
+from .errors import PackError
 
 try:  # the fast reader/writer; thriftpy2 wheels for CPython always ship it
     from thriftpy2.protocol.cybin import TCyBinaryProtocol  # type: ignore[attr-defined]
@@ -149,11 +149,6 @@ _XERIAL_BLOCK_SIZE: Final = 32 * 1024  # snappy-java's default block size
 _GZIP_LEVEL: Final = 6
 
 _TMessageList: Any = M.TMessageList
-
-
-class PackError(LuxunClientError, ValueError):
-    """An item is not a valid message pack (bad magic, bad crc32, unknown codec, corrupt
-    or truncated payload), or a codec cannot be used (snappy not installed)."""
 
 
 # -- public API ----------------------------------------------------------------------
