@@ -60,6 +60,12 @@ from itertools import chain
 from typing import Any, Final, Protocol, runtime_checkable
 
 from idl import message_thrift as M
+from idl.binary import T_BYTE as _T_BYTE
+from idl.binary import T_I32 as _T_I32
+from idl.binary import T_LIST as _T_LIST
+from idl.binary import T_STOP as _T_STOP
+from idl.binary import T_STRING as _T_STRING
+from idl.binary import ThriftBinaryError, skip_value
 
 from .errors import PackError
 
@@ -108,22 +114,7 @@ _CODEC_NAMES: Final = {NO_COMPRESSION: "none", GZIP: "gzip", SNAPPY: "snappy"}
 #: The only pack format version there is.
 MAGIC: Final = 1
 
-# Thrift binary protocol type ids, as they appear on the wire.
-_T_STOP: Final = 0
-_T_BOOL: Final = 2
-_T_BYTE: Final = 3
-_T_DOUBLE: Final = 4
-_T_I16: Final = 6
-_T_I32: Final = 8
-_T_I64: Final = 10
-_T_STRING: Final = 11  # also ``binary``
-_T_STRUCT: Final = 12
-_T_MAP: Final = 13
-_T_SET: Final = 14
-_T_LIST: Final = 15
-_FIXED_SIZE: Final = {_T_BOOL: 1, _T_BYTE: 1, _T_DOUBLE: 8, _T_I16: 2, _T_I32: 4, _T_I64: 8}
-# The fewest bytes one value of a type takes; bounds container counts when skipping.
-_MIN_SIZE: Final = {**_FIXED_SIZE, _T_STRING: 4, _T_STRUCT: 1, _T_MAP: 6, _T_SET: 5, _T_LIST: 5}
+# Unknown fields are skipped by idl.binary's bounded walker, at most this deep.
 _MAX_DEPTH: Final = 64
 
 # TMessagePack as Java Luxun (and we) write it: the four field headers and values in
@@ -396,7 +387,7 @@ def _read_pack_any_layout(item: bytes) -> _Pack:
             start = cur.take(n)
             end = start + n
         else:
-            cur.skip(ftype, _MAX_DEPTH)
+            cur.skip(ftype)
     cur.at_end()
     if start < 0:
         raise PackError(f"message pack of {len(item)} bytes has no messageList (required field 4)")
@@ -494,7 +485,7 @@ def _read_message_list_checked(data: bytes, start: int, end: int) -> list[bytes]
             break
         fid = cur.i16()
         if fid != 1 or ftype != _T_LIST:
-            cur.skip(ftype, _MAX_DEPTH)
+            cur.skip(ftype)
             continue
         etype = cur.u8()
         count = cur.i32()
@@ -556,47 +547,13 @@ class _Cursor:
     def i32(self) -> int:
         return int(_I32.unpack_from(self.data, self.take(4))[0])
 
-    def count(self, n: int, min_size: int) -> int:
-        """A container size, refused if its elements cannot fit in the bytes left."""
-        if n < 0 or n * min_size > self.end - self.pos:
-            raise PackError(
-                f"{self.what} corrupt: a container of {n} elements at offset {self.pos - self.start} cannot fit"
-            )
-        return n
-
-    def skip(self, ttype: int, depth: int) -> None:
-        """Skip a value of Thrift type ``ttype`` (an unknown field)."""
-        if depth <= 0:
-            raise PackError(f"{self.what} corrupt: values nested deeper than {_MAX_DEPTH} levels")
-        fixed = _FIXED_SIZE.get(ttype)
-        if fixed is not None:
-            self.take(fixed)
-        elif ttype == _T_STRING:
-            self.take(self.i32())
-        elif ttype == _T_STRUCT:
-            while True:
-                ftype = self.u8()
-                if ftype == _T_STOP:
-                    return
-                self.take(2)
-                self.skip(ftype, depth - 1)
-        elif ttype in (_T_LIST, _T_SET):
-            etype = self.u8()
-            for _ in range(self.count(self.i32(), self._min_size(etype))):
-                self.skip(etype, depth - 1)
-        elif ttype == _T_MAP:
-            ktype, vtype = self.u8(), self.u8()
-            for _ in range(self.count(self.i32(), self._min_size(ktype) + self._min_size(vtype))):
-                self.skip(ktype, depth - 1)
-                self.skip(vtype, depth - 1)
-        else:
-            raise PackError(f"{self.what} corrupt: unknown Thrift type {ttype} at offset {self.pos - 1 - self.start}")
-
-    def _min_size(self, ttype: int) -> int:
-        size = _MIN_SIZE.get(ttype)
-        if size is None:
-            raise PackError(f"{self.what} corrupt: unknown Thrift type {ttype} at offset {self.pos - self.start}")
-        return size
+    def skip(self, ttype: int) -> None:
+        """Skip a value of Thrift type ``ttype`` (an unknown field), bounded by
+        :func:`idl.binary.skip_value`."""
+        try:
+            self.pos = skip_value(self.data, self.pos, self.end, ttype, _MAX_DEPTH)
+        except ThriftBinaryError as exc:
+            raise PackError(f"{self.what} corrupt at offset {self.pos - self.start}: {exc}") from None
 
     def at_end(self) -> None:
         left = self.end - self.pos
