@@ -118,6 +118,7 @@ def skip_message(data: bytes, max_depth: int) -> int:
 def _skip_string(data: bytes, pos: int, end: int) -> int:
     if pos + 4 > end:
         raise ThriftBinaryError("string length cut off")
+    size: int
     (size,) = _I32.unpack_from(data, pos)
     pos += 4
     if size < 0 or size > end - pos:
@@ -127,6 +128,8 @@ def _skip_string(data: bytes, pos: int, end: int) -> int:
 
 def _skip(data: bytes, pos: int, end: int, ttype: int, depth_left: int) -> int:
     # The hot path of check_frame: keep it free of extra calls and lookups.
+    size: int  # what the struct unpacks (annotations only: no cost at run time)
+    count: int
     fixed = FIXED_SIZE.get(ttype)
     if fixed is not None:
         return pos + fixed  # callers check against end (the struct loop, the counts, skip_value)

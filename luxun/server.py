@@ -55,7 +55,7 @@ from typing import Any
 
 from thriftpy2.protocol.cybin import TCyBinaryProtocol  # type: ignore[attr-defined]
 from thriftpy2.thrift import TApplicationException, TProcessor, TType
-from thriftpy2.transport.memory import TCyMemoryBuffer
+from thriftpy2.transport.memory import TCyMemoryBuffer  # type: ignore[attr-defined]
 
 from idl.binary import ThriftBinaryError, skip_message
 
