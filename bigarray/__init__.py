@@ -14,7 +14,7 @@ Example::
         q.dequeue("analytics")   # b"a"
 """
 
-from .array import BigArray, now_ms
+from .array import BigArray, Recovery, now_ms
 from .errors import (
     ArrayClosedError,
     ArrayEmptyError,
@@ -48,6 +48,7 @@ __all__ = [
     "IndexOutOfRangeError",
     "InvalidNameError",
     "ItemTooLargeError",
+    "Recovery",
     "now_ms",
     "validate_name",
 ]

@@ -13,6 +13,7 @@ import bisect
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import mmap
@@ -22,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from .errors import (
     IndexOutOfRangeError,
     ItemTooLargeError,
 )
+from .format import IndexItem
 from .page import DEFAULT_MAX_CACHED_PAGES, DEFAULT_PAGE_TTL_S, DEFAULT_RESERVE_STEP, MappedPage, PageFactory
 from .prefetch import PREFETCHER
 
@@ -51,10 +53,31 @@ _pack_i64 = _I64.pack_into
 _META_HEAD_OFFSET = fmt.META_HEAD_OFFSET
 #: The data page, offset and length of an index item (what get() needs).
 _unpack_item_place = struct.Struct(fmt.INDEX_ITEM_STRUCT[:-1]).unpack_from
+# The hot paths (append, get, the fast path of _index_item) inline fmt.index_page_of
+# (``i >> _PAGE_BITS``), fmt.index_slot (``i & _SLOT_MASK``) and fmt.index_slot_offset
+# (``(i & _SLOT_MASK) << _SLOT_BITS``) with these constants: a function call there costs
+# more than the rest of the lookup. Everywhere else uses the fmt helpers.
 _PAGE_BITS = fmt.INDEX_ITEMS_PER_PAGE_BITS
 _SLOT_MASK = fmt.INDEX_SLOT_MASK
 _SLOT_BITS = fmt.INDEX_ITEM_SIZE.bit_length() - 1
 assert 1 << _SLOT_BITS == fmt.INDEX_ITEM_SIZE
+#: An IndexItem from the tuple struct unpacks (C calls only: no Python-level __new__).
+_index_item_of: Callable[[tuple[int, int, int, int]], IndexItem] = functools.partial(tuple.__new__, IndexItem)
+
+
+class Recovery(NamedTuple):
+    """What the recovery at open dropped (as Kafka's ``LogSegment.recover`` reports
+    the bytes it truncated): head before and after it rolled back past damaged items."""
+
+    #: Head as the meta page held it when the array was opened.
+    head_before: int
+    #: Head after recovery: every item below it is intact.
+    head_after: int
+
+    @property
+    def dropped(self) -> int:
+        """Items dropped (``head_before - head_after``)."""
+        return self.head_before - self.head_after
 
 
 def _no_page() -> MappedPage:
@@ -181,7 +204,7 @@ class BigArray:
             self._index_page: MappedPage | None = None
             self._index_room = 0
             self._last_ts = 1  # timestamps are >= 1: a zero index record was never written
-            self._recover(recovery_check_items)
+            self._recovery = self._recover(recovery_check_items)
             self._data_page_no, self._data_off = self._derive_write_position()
             self._delete_pages_below_tail()
         except BaseException as exc:
@@ -192,6 +215,13 @@ class BigArray:
             raise
 
     # -- properties --------------------------------------------------------------------
+    @property
+    def recovery(self) -> Recovery:
+        """What opening the array dropped: damaged items at the end (head rolled back
+        from ``recovery.head_before`` to ``recovery.head_after``; ``recovery.dropped``
+        items, 0 for an intact array)."""
+        return self._recovery
+
     @property
     def head(self) -> int:
         """The next index to be appended."""
@@ -296,9 +326,9 @@ class BigArray:
                 records["timestamp"] = ts
                 idx, k = first, 0
                 while k < count:
-                    page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
-                    slot = idx & fmt.INDEX_SLOT_MASK
-                    m = min(count - k, fmt.INDEX_ITEMS_PER_PAGE - slot)
+                    page_no = fmt.index_page_of(idx)
+                    slot = fmt.index_slot(idx)
+                    m = min(count - k, fmt.slots_left_in_page(idx))
                     ipage = self._index_page
                     if ipage is None or ipage.page_no != page_no or slot + m > self._index_room:
                         ipage = self._index_room_for(idx, m)
@@ -381,7 +411,7 @@ class BigArray:
     def _get_mapped(self, index: int) -> bytes:
         """:meth:`get` through the page factories (which map pages as needed); remembers
         the pages for the next call's fast path."""
-        page_no, off, length, _ = self._index_item(index)
+        page_no, off, length, _ = self._index_record(index)
         try:
             page = self._data.acquire(page_no)
         except FileNotFoundError:
@@ -398,11 +428,11 @@ class BigArray:
 
     def item_length(self, index: int) -> int:
         """Length in bytes of the item at ``index``."""
-        return self._index_item(index)[2]
+        return self._index_record(index)[2]  # IndexItem.length
 
     def timestamp(self, index: int) -> int:
         """Append time of the item at ``index``, in ms since the epoch."""
-        return self._index_item(index)[3]
+        return self._index_record(index)[3]  # IndexItem.timestamp
 
     def timestamps(self, start: int, count: int) -> list[int]:
         """Append times (ms) of the ``count`` items from ``start``, read as whole index
@@ -421,9 +451,9 @@ class BigArray:
         idx, end = start, start + count
         try:
             while idx < end:
-                slot = idx & fmt.INDEX_SLOT_MASK
-                m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot)
-                ipage = self._index.acquire(idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
+                slot = fmt.index_slot(idx)
+                m = min(end - idx, fmt.slots_left_in_page(idx))
+                ipage = self._index.acquire(fmt.index_page_of(idx))
                 try:
                     if ipage.view is None:  # unmapped by close() in another thread
                         raise self._closed_error()
@@ -504,8 +534,7 @@ class BigArray:
         chunks: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         idx = start
         while idx < end:
-            slot = idx & fmt.INDEX_SLOT_MASK
-            m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot, _READ_CHUNK_ITEMS)
+            m = min(end - idx, fmt.slots_left_in_page(idx), _READ_CHUNK_ITEMS)
             pages, offsets, lengths = self._index_fields(idx, m)
             if budget >= 0:
                 ends = np.cumsum(lengths)
@@ -527,11 +556,11 @@ class BigArray:
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Native copies of the page, offset and length fields of ``m`` index items
         within one index page. No view of the mapping outlives the page reference."""
-        ipage = self._index.acquire(start >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
+        ipage = self._index.acquire(fmt.index_page_of(start))
         try:
             if ipage.view is None:  # unmapped by close() in another thread
                 raise self._closed_error()
-            slot = start & fmt.INDEX_SLOT_MASK
+            slot = fmt.index_slot(start)
             view = ipage.view[slot : slot + m]
             fields = (view["page"].astype(np.int64), view["offset"].astype(np.int64), view["length"].astype(np.int64))
             del view
@@ -647,11 +676,11 @@ class BigArray:
         with self._lock:
             self._check_open()
             while self.back_file_size() > max_bytes and self._tail < self._head:
-                oldest_page = self._index_item(self._tail)[0]
+                oldest_page = self._index_item(self._tail).page
                 if oldest_page >= self._data_page_no:
                     break
                 tail, head = self._tail, self._head
-                keep = bisect.bisect_left(range(tail, head), oldest_page + 1, key=lambda i: self._index_item(i)[0])
+                keep = bisect.bisect_left(range(tail, head), oldest_page + 1, key=lambda i: self._index_item(i).page)
                 self.remove_before_index(tail + keep)
 
     def back_file_size(self) -> int:
@@ -764,8 +793,13 @@ class BigArray:
             )
         return size
 
-    def _index_item(self, index: int) -> tuple[int, int, int, int]:
-        """(data page, offset, length, timestamp) of a readable index."""
+    def _index_item(self, index: int) -> IndexItem:
+        """The index item (data page, offset, length, timestamp) of a readable index."""
+        return _index_item_of(self._index_record(index))
+
+    def _index_record(self, index: int) -> tuple[int, int, int, int]:
+        """:meth:`_index_item` as the plain tuple the struct unpacks (building an
+        IndexItem costs about 150 ns: timestamp() and item_length() skip it)."""
         ipage = self._read_index_page  # the fast path of get(): see there
         if ipage.page_no == index >> _PAGE_BITS and self._tail <= index < self._head:
             try:
@@ -777,11 +811,11 @@ class BigArray:
         if not self._tail <= index < self._head:
             raise IndexOutOfRangeError(index, self._tail, self._head)
         try:
-            page = self._index.acquire(index >> _PAGE_BITS)
+            page = self._index.acquire(fmt.index_page_of(index))
         except FileNotFoundError:
             raise IndexOutOfRangeError(index, self._tail, self._head) from None
         try:
-            item: tuple[int, int, int, int] = _unpack_index_item(page.mm, (index & _SLOT_MASK) << _SLOT_BITS)
+            item: tuple[int, int, int, int] = _unpack_index_item(page.mm, fmt.index_slot_offset(index))
         except ValueError:
             raise self._closed_error() from None
         finally:
@@ -817,8 +851,8 @@ class BigArray:
     def _index_room_for(self, idx: int, m: int) -> MappedPage:
         """Make the head index page the one of ``idx``, with its slots up to
         ``idx + m`` (in that page) reserved on disk."""
-        page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
-        end = ((idx & fmt.INDEX_SLOT_MASK) + m) * fmt.INDEX_ITEM_SIZE
+        page_no = fmt.index_page_of(idx)
+        end = fmt.index_slot_offset(idx) + m * fmt.INDEX_ITEM_SIZE
         self._index_room = 0  # until reserved below: a failure leaves no stale room
         ipage = self._index_page
         if ipage is None or ipage.page_no != page_no:
@@ -852,7 +886,7 @@ class BigArray:
             self._index.release(self._index_page)
         else:
             if self._prefetch:
-                start = (self._head & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
+                start = fmt.index_slot_offset(self._head)
                 PREFETCHER.prefetch(self._index.page_path(page_no), fmt.INDEX_PAGE_SIZE, start)
         self._index_page = new_page
         return new_page
@@ -870,15 +904,12 @@ class BigArray:
         existing = self._data.page_numbers()
         return (existing[-1] + 1 if existing else 0), 0
 
-    def _raw_index_item(self, index: int) -> tuple[int, int, int, int]:
-        with self._index.using(index >> fmt.INDEX_ITEMS_PER_PAGE_BITS) as page:
-            item: tuple[int, int, int, int] = _INDEX_ITEM.unpack_from(
-                page.mm, (index & fmt.INDEX_SLOT_MASK) * fmt.INDEX_ITEM_SIZE
-            )
-            return item
+    def _raw_index_item(self, index: int) -> IndexItem:
+        with self._index.using(fmt.index_page_of(index)) as page:
+            return _index_item_of(_unpack_index_item(page.mm, fmt.index_slot_offset(index)))
 
-    def _recover(self, check_items: int) -> None:
-        """Roll head back past damaged items at the end.
+    def _recover(self, check_items: int) -> Recovery:
+        """Roll head back past damaged items at the end; returns what was dropped.
 
         Items beyond the last index page file are dropped at once; then windows of
         ``check_items`` items below head are checked, going further back only while a
@@ -886,10 +917,10 @@ class BigArray:
         """
         head, tail = self._head, self._tail
         if head == tail:
-            return
+            return Recovery(head, head)
         index_pages = self._index.page_numbers()
         last_page = index_pages[-1] if index_pages else -1
-        first_bad = min(head, max(tail, (last_page + 1) << fmt.INDEX_ITEMS_PER_PAGE_BITS))
+        first_bad = min(head, max(tail, fmt.first_index_of_page(last_page + 1)))
         hi = first_bad
         window = max(check_items, 1)
         while hi > tail:
@@ -913,6 +944,7 @@ class BigArray:
             self._head = first_bad
             _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, first_bad)
             self._meta_page.flush()
+        return Recovery(head, self._head)
 
     def _first_bad_item(self, start: int, end: int) -> int | None:
         """The first index in [start, end) whose index item is damaged, or None."""
@@ -920,9 +952,9 @@ class BigArray:
         idx = start
         first_bad: int | None = None
         while idx < end:
-            page_no = idx >> fmt.INDEX_ITEMS_PER_PAGE_BITS
-            slot = idx & fmt.INDEX_SLOT_MASK
-            m = min(end - idx, fmt.INDEX_ITEMS_PER_PAGE - slot)
+            page_no = fmt.index_page_of(idx)
+            slot = fmt.index_slot(idx)
+            m = min(end - idx, fmt.slots_left_in_page(idx))
             if self._index.file_size(page_no) < fmt.INDEX_PAGE_SIZE:
                 first_bad = idx
                 break
@@ -956,6 +988,6 @@ class BigArray:
     def _delete_pages_below_tail(self) -> None:
         """Delete index and data pages that hold only items below tail."""
         tail = self._tail
-        self._index.delete_pages_before(tail >> fmt.INDEX_ITEMS_PER_PAGE_BITS)
-        first_data_page = self._index_item(tail)[0] if tail < self._head else self._data_page_no
+        self._index.delete_pages_before(fmt.index_page_of(tail))
+        first_data_page = self._index_item(tail).page if tail < self._head else self._data_page_no
         self._data.delete_pages_before(first_data_page)

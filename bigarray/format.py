@@ -46,6 +46,8 @@ Java (sparse as well on JDK 11+, or fully allocated) is read and appended to as 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 #: Bytes per index item.
@@ -118,11 +120,39 @@ def parse_page_file_name(name: str) -> int | None:
     return int(digits)
 
 
+class IndexItem(NamedTuple):
+    """One index item, as :data:`INDEX_ITEM_STRUCT` unpacks it."""
+
+    #: Data page number holding the item.
+    page: int
+    #: Byte offset of the item in its data page.
+    offset: int
+    #: Length of the item in bytes.
+    length: int
+    #: Append time, ms since the epoch (>= 1; 0 marks a record never written).
+    timestamp: int
+
+
 def index_page_of(index: int) -> int:
     """Index page number holding array index ``index``."""
     return index >> INDEX_ITEMS_PER_PAGE_BITS
 
 
+def index_slot(index: int) -> int:
+    """Slot (item number) of array index ``index`` inside its index page."""
+    return index & INDEX_SLOT_MASK
+
+
 def index_slot_offset(index: int) -> int:
     """Byte offset of array index ``index``'s item inside its index page."""
     return (index & INDEX_SLOT_MASK) * INDEX_ITEM_SIZE
+
+
+def first_index_of_page(page_no: int) -> int:
+    """The first array index held by index page ``page_no``."""
+    return page_no << INDEX_ITEMS_PER_PAGE_BITS
+
+
+def slots_left_in_page(index: int) -> int:
+    """How many index items fit in ``index``'s index page from ``index`` on."""
+    return INDEX_ITEMS_PER_PAGE - (index & INDEX_SLOT_MASK)

@@ -87,15 +87,16 @@ class BrokerConnection:
             raise ClientClosedError(f"connection to {self.address} was closed")
         if self._client is None:
             try:
-                sock = TSocket(
+                sock = TSocket(  # type: ignore[no-untyped-call]
                     self.host,
                     self.port,
-                    socket_timeout=self.timeout_ms,  # type: ignore[arg-type]  # None: no limit
+                    socket_timeout=self.timeout_ms,  # None: no limit
                     connect_timeout=self.connect_timeout_ms,
                 )
                 transport = TCyFramedTransportFactory().get_transport(sock)
                 transport.open()
-                client = TClient(QueueService, TCyBinaryProtocolFactory().get_protocol(transport))
+                protocol = TCyBinaryProtocolFactory().get_protocol(transport)  # type: ignore[no-untyped-call]
+                client = TClient(QueueService, protocol)
             except (TTransportException, OSError) as exc:
                 cause = exc.__context__ if isinstance(exc, TTransportException) and exc.__context__ else exc
                 raise BrokerUnavailableError(f"cannot connect to broker {self.where}: {self._reason(cause)}") from cause

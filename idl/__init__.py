@@ -22,6 +22,10 @@ Attributes:
     luxun_thrift: the loaded ``luxun.thrift`` module (structs, enums, constants).
     message_thrift: the loaded ``message.thrift`` module.
     QueueService: the Thrift service, for thriftpy2 clients and servers.
+    ERROR_CODE_NAMES: ``ErrorCode`` value -> name (``{0: "INTERNAL_ERROR", ...}``), the
+        one table of error codes the broker's and the clients' exception trees are
+        built from.
+    RESULT_CODE_NAMES: ``ResultCode`` value -> name (``{0: "SUCCESS", ...}``).
 
 The loaded modules are immutable type definitions and safe to share between threads.
 """
@@ -29,6 +33,8 @@ The loaded modules are immutable type definitions and safe to share between thre
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 import thriftpy2
@@ -49,4 +55,17 @@ message_thrift: Any = thriftpy2.load(MESSAGE_THRIFT, module_name="message_thrift
 #: The QueueService Thrift service (``thriftpy2.rpc.make_client(QueueService, ...)``).
 QueueService: Any = luxun_thrift.QueueService
 
-__all__ = ["LUXUN_THRIFT", "MESSAGE_THRIFT", "QueueService", "luxun_thrift", "message_thrift"]
+#: ``ErrorCode`` value -> name, read from the IDL (read-only).
+ERROR_CODE_NAMES: Final[Mapping[int, str]] = MappingProxyType(dict(luxun_thrift.ErrorCode._VALUES_TO_NAMES))
+#: ``ResultCode`` value -> name, read from the IDL (read-only).
+RESULT_CODE_NAMES: Final[Mapping[int, str]] = MappingProxyType(dict(luxun_thrift.ResultCode._VALUES_TO_NAMES))
+
+__all__ = [
+    "ERROR_CODE_NAMES",
+    "LUXUN_THRIFT",
+    "MESSAGE_THRIFT",
+    "RESULT_CODE_NAMES",
+    "QueueService",
+    "luxun_thrift",
+    "message_thrift",
+]

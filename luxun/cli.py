@@ -220,11 +220,12 @@ def _connect(args: argparse.Namespace, extra_timeout_ms: int = 0) -> Any:
 
 def _failure(result: Any) -> str | None:
     """``"NAME: message"`` of a failed Result, or None on success."""
+    from idl import ERROR_CODE_NAMES
     from idl import luxun_thrift as T
 
     if result.resultCode == T.ResultCode.SUCCESS:
         return None
-    return f"{T.ErrorCode._VALUES_TO_NAMES.get(result.errorCode, result.errorCode)}: {result.errorMessage}"
+    return f"{ERROR_CODE_NAMES.get(result.errorCode, result.errorCode)}: {result.errorMessage}"
 
 
 def _read_items(stream: IO[bytes], limit: int) -> Iterator[tuple[int, bytes | None, int]]:

@@ -58,6 +58,9 @@ Differences from Java Luxun, all deliberate:
   trailing spaces). A relative ``log.dir`` is resolved against the working
   directory once, at load time, as Java's ``new File(dir)`` does.
 
+Reading ``.properties`` text is :mod:`luxun.properties`' job and the password
+schemes are :mod:`luxun.passwords`'; their public names are re-exported here.
+
 Thread-safety: a :class:`BrokerConfig` is immutable and can be shared freely.
 """
 
@@ -65,13 +68,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-import hashlib
-import hmac
 import logging
 import os
 import re
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -81,6 +80,8 @@ from bigarray import InvalidNameError, validate_name
 from bigarray.format import DEFAULT_DATA_PAGE_SIZE, MAX_DATA_PAGE_SIZE, MIN_DATA_PAGE_SIZE
 
 from .errors import ConfigError  # re-exported: config users catch it from here
+from .passwords import PASSWORD_SCHEMES, check_password, parse_password, password_to_send
+from .properties import load_properties, parse_properties
 
 log = logging.getLogger("luxun.config")
 
@@ -230,7 +231,7 @@ class BrokerConfig:
                     raise ConfigError(f"{label} must be a string, not {type(value).__name__}", key=f.metadata["key"])
                 value = os.fspath(value)
                 if f.name == "password":
-                    _parse_password(value, label=label)  # raises on a malformed value
+                    parse_password(value, label=label)  # raises on a malformed value
                     continue
                 if not value.strip():
                     raise ConfigError(f"{label} must not be empty", key=f.metadata["key"])
@@ -406,241 +407,6 @@ def _parse_value(f: dataclasses.Field[Any], raw: Any) -> Any:
         return _parse_int(label, raw)
     except ConfigError as exc:
         raise ConfigError(str(exc), key=f.metadata["key"]) from None
-
-
-# -- passwords -------------------------------------------------------------------------
-PASSWORD_SCHEMES = ("plain", "md5", "crc32")
-_MD5_RE = re.compile(r"[0-9a-fA-F]{32}")
-_DECIMAL_RE = re.compile(r"[+-]?[0-9]+")
-
-
-@functools.lru_cache(maxsize=32)
-def _parse_password(configured: str, *, label: str = "password") -> tuple[str, str | int] | None:
-    """``(scheme, secret)`` of a configured password, or None when it is unset.
-
-    Follows Java Luxun's ``Authentication.build``: ``<scheme>:<secret>`` with scheme
-    and secret trimmed; ``plain`` keeps the secret, ``md5`` a 32-digit hex digest
-    (compared in lower case), ``crc32`` a decimal CRC-32 (Java's ``Long.parseLong``).
-    Extensions: no colon means a plain password, and a plain secret may contain ':'.
-    Error messages never include the secret.
-    """
-    text = configured.strip()
-    if not text:
-        return None
-    if ":" not in text:
-        return ("plain", text)
-    scheme, _, secret = text.partition(":")
-    scheme = scheme.strip().lower()
-    secret = secret.strip()
-    if scheme not in PASSWORD_SCHEMES:
-        raise ConfigError(
-            f"{label}: unknown scheme {scheme!r}; use plain:<password>, md5:<hex digest> or crc32:<decimal> "
-            "(write plain:<password> for a password that contains ':')",
-            key="password",
-        )
-    if not secret:
-        raise ConfigError(f"{label}: nothing after {scheme + ':'!r}", key="password")
-    if scheme == "md5":
-        if not _MD5_RE.fullmatch(secret):
-            raise ConfigError(f"{label}: md5: needs the 32 hex digits of an MD5 digest", key="password")
-        return ("md5", secret.lower())
-    if scheme == "crc32":
-        if not _DECIMAL_RE.fullmatch(secret):
-            raise ConfigError(f"{label}: crc32: needs a decimal number, as in Java Luxun", key="password")
-        value = int(secret)
-        if not 0 <= value <= 0xFFFFFFFF:
-            raise ConfigError(f"{label}: crc32: value is outside [0, 4294967295]", key="password")
-        return ("crc32", value)
-    return ("plain", secret)
-
-
-def check_password(configured: str | None, given: str | None) -> bool:
-    """Whether ``given`` (from a deleteTopic request) matches the configured password.
-
-    ``configured`` forms, as in Java Luxun's ``server.properties``:
-
-    * ``plain:luxun`` (or just ``luxun``): ``given`` must equal ``luxun``;
-    * ``md5:3a8cb419bf0d34f5fa091ce416627f82``: the lower-case hex MD5 of ``given``
-      (UTF-8) must equal the digest (which may be written in either case);
-    * ``crc32:1688323579``: the CRC-32 of ``given`` (UTF-8), as an unsigned decimal,
-      must equal the number.
-
-    An unset or empty ``configured`` password refuses every request (Java Luxun
-    accepted any password then); so does a ``None`` or wrong ``given``. The
-    comparison takes the same time wherever the first difference is
-    (:func:`hmac.compare_digest`; plain passwords are hashed with SHA-256 first, so
-    not even the length leaks).
-
-    Raises:
-        ConfigError: ``configured`` is malformed (:class:`BrokerConfig` rejects such
-            a value at load time, so a running broker never sees one).
-    """
-    spec = _parse_password(configured or "")
-    if spec is None or given is None:
-        return False
-    data = given.encode("utf-8")
-    scheme, secret = spec
-    if scheme == "md5":
-        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        return hmac.compare_digest(digest.encode("ascii"), str(secret).encode("ascii"))
-    if scheme == "crc32":
-        crc = zlib.crc32(data) & 0xFFFFFFFF
-        return hmac.compare_digest(crc.to_bytes(4, "big"), int(secret).to_bytes(4, "big"))
-    return hmac.compare_digest(hashlib.sha256(data).digest(), hashlib.sha256(str(secret).encode("utf-8")).digest())
-
-
-def password_to_send(given: str) -> str:
-    """The password a client (``luxun delete --password``) sends, from the forms the
-    broker's ``password`` setting accepts, so both sides can be given the same text.
-
-    * ``plain:s3cret`` sends ``s3cret`` (the prefix and surrounding spaces stripped,
-      as the broker strips them from its own setting);
-    * a value with no known scheme prefix (``s3cret``, ``a:b``) is sent as it is;
-    * ``md5:...`` and ``crc32:...`` are how a broker *stores* a password; a digest
-      cannot be turned back into the password, so they are refused: pass the
-      password itself (the broker hashes what it receives). A password that really
-      starts with ``md5:`` is sent as ``plain:md5:...``.
-
-    Raises:
-        ConfigError: an ``md5:`` or ``crc32:`` form (the message never holds the secret).
-    """
-    scheme, sep, secret = given.partition(":")
-    scheme = scheme.strip().lower()
-    if not sep or scheme not in PASSWORD_SCHEMES:
-        return given
-    if scheme == "plain":
-        return secret.strip()
-    raise ConfigError(
-        f"{scheme}:<...> is a form the broker stores, and it cannot be turned back into the password; "
-        f"pass the password itself (or plain:<password>): the broker computes the {scheme} of what it receives",
-        key="password",
-    )
-
-
-# -- .properties files -----------------------------------------------------------------
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-_WHITESPACE = " \t\f"
-_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-
-
-def load_properties(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read a Java ``.properties`` file into ``{key: value}`` (see :func:`parse_properties`).
-
-    The file is decoded as UTF-8 (a BOM is skipped), falling back to ISO-8859-1 (what
-    Java's ``Properties.load(InputStream)`` uses) when it is not valid UTF-8.
-
-    Raises:
-        ConfigError: the file cannot be read, or has a malformed ``\\uXXXX`` escape.
-    """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise ConfigError(f"cannot read configuration file {os.fspath(path)!r}: {exc.strerror or exc}") from exc
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        text = data.decode("latin-1")
-    return parse_properties(text, source=os.fspath(path))
-
-
-def parse_properties(text: str, *, source: str = "<string>") -> dict[str, str]:
-    """Parse ``.properties`` text the way Java's ``Properties.load`` does.
-
-    * Lines end with ``\\n``, ``\\r`` or ``\\r\\n``; leading spaces, tabs and form
-      feeds are skipped; blank lines and lines starting with ``#`` or ``!`` are
-      comments.
-    * A line ending in an odd number of backslashes continues on the next line,
-      whose leading whitespace is dropped (a comment line never continues).
-    * The key ends at the first unescaped ``=``, ``:`` or whitespace; whitespace and
-      at most one ``=``/``:`` follow; the rest of the line is the value (trailing
-      whitespace kept, as in Java). ``key`` alone has the value ``""``.
-    * Escapes: ``\\t \\n \\r \\f``, ``\\uXXXX`` (surrogate pairs combine), and ``\\x`` for
-      any other ``x`` is ``x`` itself (so ``\\=``, ``\\:``, ``\\ ``, ``\\\\``).
-    * A repeated key: the last one wins.
-
-    Raises:
-        ConfigError: a malformed ``\\uXXXX`` escape (naming the source and line).
-    """
-    lines = _LINE_BREAK.split(text)
-    result: dict[str, str] = {}
-    i = 0
-    while i < len(lines):
-        line_no = i + 1
-        line = lines[i].lstrip(_WHITESPACE)
-        i += 1
-        if not line or line[0] in "#!":
-            continue
-        while _continues(line):
-            line = line[:-1]
-            if i >= len(lines):
-                break
-            line += lines[i].lstrip(_WHITESPACE)
-            i += 1
-        key, value = _split_key_value(line)
-        where = f"{source}:{line_no}"
-        result[_unescape(key, where)] = _unescape(value, where)
-    return result
-
-
-def _continues(line: str) -> bool:
-    """True when ``line`` ends with an odd number of backslashes."""
-    count = len(line) - len(line.rstrip("\\"))
-    return count % 2 == 1
-
-
-def _split_key_value(line: str) -> tuple[str, str]:
-    key_end = len(line)
-    value_start = len(line)
-    has_sep = False
-    escaped = False
-    for pos, ch in enumerate(line):
-        if not escaped and ch in "=:":
-            key_end, value_start, has_sep = pos, pos + 1, True
-            break
-        if not escaped and ch in _WHITESPACE:
-            key_end, value_start = pos, pos + 1
-            break
-        escaped = ch == "\\" and not escaped
-    while value_start < len(line):
-        ch = line[value_start]
-        if ch not in _WHITESPACE:
-            if not has_sep and ch in "=:":
-                has_sep = True
-            else:
-                break
-        value_start += 1
-    return line[:key_end], line[value_start:]
-
-
-def _unescape(text: str, where: str) -> str:
-    if "\\" not in text:
-        return text
-    out: list[str] = []
-    pos = 0
-    n = len(text)
-    while pos < n:
-        ch = text[pos]
-        pos += 1
-        if ch != "\\":
-            out.append(ch)
-            continue
-        if pos >= n:  # a lone trailing backslash (end of input): dropped, as in Java
-            break
-        ch = text[pos]
-        pos += 1
-        if ch == "u":
-            digits = text[pos : pos + 4]
-            if len(digits) < 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
-                bad = "\\u" + digits
-                raise ConfigError(f"{where}: malformed \\uxxxx escape {bad!r}")
-            out.append(chr(int(digits, 16)))
-            pos += 4
-        else:
-            out.append(_ESCAPES.get(ch, ch))
-    result = "".join(out)
-    # \uD83D\uDE00 -> one character, as Java's UTF-16 strings would read it.
-    return result.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
 
 
 __all__ = [

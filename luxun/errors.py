@@ -11,7 +11,9 @@
     ├── MessageSizeTooLarge    MESSAGE_SIZE_TOO_LARGE  FAILURE    item over max.message.size
     ├── AllMessageConsumed     ALL_MESSAGE_CONSUMED    TRY_LATER  nothing new yet (retriable)
     └── InternalError          INTERNAL_ERROR          FAILURE    anything else (disk full, bug...)
-        └── ConfigError        INTERNAL_ERROR          FAILURE    bad configuration (also a ValueError)
+        ├── ConfigError        INTERNAL_ERROR          FAILURE    bad configuration (also a ValueError)
+        └── DataDirLockedError INTERNAL_ERROR          FAILURE    another broker holds the data directory
+                                                                  (at start-up; also a RuntimeError)
 
 ``error_code`` and ``result_code`` are the ints of the IDL enums (``idl.luxun_thrift``),
 so a handler answers ``Result(resultCode=e.result_code, errorCode=e.error_code,
@@ -188,6 +190,11 @@ class ConfigError(InternalError, ValueError):
         self.key = key
 
 
+class DataDirLockedError(InternalError, RuntimeError):
+    """Another broker process holds the data directory's lock (raised at start-up by
+    :class:`luxun.topics.Topics`, which re-exports it)."""
+
+
 #: The exception class for each known ``ErrorCode``.
 ERROR_CLASSES: Mapping[int, type[LuxunError]] = {
     cls.error_code: cls
@@ -223,6 +230,7 @@ __all__ = [
     "AllMessageConsumed",
     "AuthenticationFailure",
     "ConfigError",
+    "DataDirLockedError",
     "IndexOutOfBounds",
     "InternalError",
     "InvalidTopic",

@@ -56,7 +56,9 @@ from typing import Any
 
 from thriftpy2.protocol.cybin import TCyBinaryProtocol  # type: ignore[attr-defined]
 from thriftpy2.thrift import TApplicationException, TProcessor, TType
-from thriftpy2.transport.memory import TCyMemoryBuffer
+from thriftpy2.transport.memory import TCyMemoryBuffer  # type: ignore[attr-defined]
+
+from idl.binary import ThriftBinaryError, skip_message
 
 from .errors import LuxunError
 from .logs import RateLimitedLog
@@ -98,13 +100,7 @@ _MAX_DEPTH = 32
 _MAX_BATCH_ITEMS = 4096
 _MAX_BATCH_BYTES = 8 << 20
 
-# Thrift binary protocol type ids and the fixed sizes of the scalar ones.
-_T_STOP, _T_STRUCT, _T_MAP, _T_SET, _T_LIST, _T_STRING = 0, 12, 13, 14, 15, 11
-_FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8}
 _I32 = struct.Struct(">i")
-_FIELD = struct.Struct(">bh")
-_MAP_HEADER = struct.Struct(">bbi")
-_LIST_HEADER = struct.Struct(">bi")
 
 
 class BadFrame(ValueError):
@@ -115,81 +111,14 @@ def check_frame(frame: bytes) -> None:
     """Walk one Thrift binary-protocol message; raise :class:`BadFrame` unless every
     length and element count fits in the bytes that remain.
 
-    Work is bounded by the frame length. Only the structure is checked; field types
-    are the decoder's business.
+    Work is bounded by the frame length; values nested deeper than 32 levels are
+    refused (:func:`idl.binary.skip_message` does the walk). Only the structure is
+    checked; field types are the decoder's business.
     """
-    end = len(frame)
     try:
-        (first,) = _I32.unpack_from(frame, 0)
-        if first < 0:  # strict: version | type, name, seqid
-            if first & 0xFFFF0000 != 0x80010000:
-                raise BadFrame(f"unknown protocol version {first & 0xFFFF0000:#x}")
-            pos = _skip_string(frame, 4, end)
-        else:  # old style: name, type byte
-            pos = _skip_string(frame, 0, end) + 1
-        pos += 4  # seqid
-        pos = _skip_value(frame, pos, end, _T_STRUCT, 0)
-    except struct.error as exc:
-        raise BadFrame(f"frame ends inside a value: {exc}") from None
-    if pos > end:
-        raise BadFrame("frame ends inside a value")
-
-
-def _skip_string(frame: bytes, pos: int, end: int) -> int:
-    (size,) = _I32.unpack_from(frame, pos)
-    pos += 4
-    if size < 0 or size > end - pos:
-        raise BadFrame(f"string of {size} bytes announced with {end - pos} bytes left in the frame")
-    return pos + size
-
-
-def _skip_value(frame: bytes, pos: int, end: int, ttype: int, depth: int) -> int:
-    fixed = _FIXED.get(ttype)
-    if fixed is not None:
-        return pos + fixed
-    if ttype == _T_STRING:
-        return _skip_string(frame, pos, end)
-    if depth > _MAX_DEPTH:
-        raise BadFrame(f"values nested deeper than {_MAX_DEPTH}")
-    if ttype == _T_STRUCT:
-        while True:
-            if pos >= end:
-                raise BadFrame("struct not terminated")
-            ftype = frame[pos]
-            if ftype == _T_STOP:
-                return pos + 1
-            pos += 3  # type byte, i16 field id
-            if pos > end:
-                raise BadFrame("field header cut off")
-            pos = _skip_value(frame, pos, end, ftype, depth + 1)
-    if ttype == _T_MAP:
-        ktype, vtype, count = _MAP_HEADER.unpack_from(frame, pos)
-        pos += 6
-        _check_count(count, end - pos)
-        for _ in range(count):
-            pos = _skip_value(frame, pos, end, ktype, depth + 1)
-            pos = _skip_value(frame, pos, end, vtype, depth + 1)
-            if pos > end:
-                raise BadFrame("map runs past the frame")
-        return pos
-    if ttype in (_T_LIST, _T_SET):
-        etype, count = _LIST_HEADER.unpack_from(frame, pos)
-        pos += 5
-        _check_count(count, end - pos)
-        size = _FIXED.get(etype)
-        if size is not None:
-            return pos + size * count
-        for _ in range(count):
-            pos = _skip_value(frame, pos, end, etype, depth + 1)
-            if pos > end:
-                raise BadFrame("list runs past the frame")
-        return pos
-    raise BadFrame(f"unknown Thrift type id {ttype}")
-
-
-def _check_count(count: int, left: int) -> None:
-    if count < 0 or count > left:
-        raise BadFrame(f"container of {count} elements announced with {left} bytes left in the frame")
+        skip_message(frame, _MAX_DEPTH)
+    except ThriftBinaryError as exc:
+        raise BadFrame(f"{exc} (frame of {len(frame)} bytes)") from None
 
 
 class AsyncProduceBatch:

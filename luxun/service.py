@@ -344,10 +344,10 @@ class QueueHandler:
                 return False
             if group:
                 try:
-                    return topic.queue.size(group) > 0  # type: ignore[no-any-return]
+                    return topic.queue.size(group) > 0
                 except InvalidNameError:
                     return True  # answered at once (invalid fanout identifier)
-            return topic.queue.head > start  # type: ignore[no-any-return]
+            return topic.queue.head > start
 
         return ready
 

@@ -57,6 +57,7 @@ from bigarray import ArrayClosedError, FanoutQueue, InvalidNameError, validate_n
 from bigarray import format as fmt
 
 from .config import DEFAULT_MAX_OPEN_TOPICS
+from .errors import DataDirLockedError
 from .logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,6 @@ _BUSY_WAIT_S = 30.0
 _HEAD_TAIL = struct.Struct(">qq")
 _I64 = struct.Struct(">q")
 _INDEX_ITEM = struct.Struct(fmt.INDEX_ITEM_STRUCT)
-
-
-class DataDirLockedError(RuntimeError):
-    """Another broker process is using the data directory."""
 
 
 class TopicLimitError(RuntimeError):

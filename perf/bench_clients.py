@@ -79,15 +79,12 @@ from _common import (  # noqa: E402
     machine_info,
     own_broker,
 )
-from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
-from thriftpy2.rpc import make_client  # noqa: E402
-from thriftpy2.transport import TCyFramedTransportFactory  # noqa: E402
 
+from clients.connection import BrokerConnection  # noqa: E402
 from clients.consumer import StreamConsumer  # noqa: E402
 from clients.errors import ConsumerTimeoutError  # noqa: E402
 from clients.messages import GZIP, NO_COMPRESSION, SNAPPY, encode_pack, snappy_available  # noqa: E402
 from clients.producer import Producer, ProducerConfig  # noqa: E402
-from idl import QueueService  # noqa: E402
 from idl import luxun_thrift as T  # noqa: E402
 
 MIB = 1 << 20
@@ -547,7 +544,7 @@ class Context:
     broker: str
     broker_pid: int | None
     password: str | None
-    monitor: Any
+    monitor: BrokerConnection
     args: argparse.Namespace
     tag: str
     runs: int = 0
@@ -691,7 +688,7 @@ def delete_topic(ctx: Context, topic: str) -> None:
     if ctx.password is None:
         return
     with contextlib.suppress(Exception):
-        ctx.monitor.deleteTopic(T.DeleteTopicRequest(topic=topic, password=ctx.password))
+        ctx.monitor.call("deleteTopic", T.DeleteTopicRequest(topic=topic, password=ctx.password))
 
 
 def quiet(ctx: Context) -> None:
@@ -980,8 +977,7 @@ def main(argv: list[str] | None = None) -> int:
         external_broker(args.broker, args.password) if args.broker else own_broker(args.data_dir, "bench_clients")
     )
     with broker_cm as broker:
-        monitor = make_client(QueueService, broker.host, broker.port, proto_factory=TCyBinaryProtocolFactory(),
-                              trans_factory=TCyFramedTransportFactory(), timeout=None)  # fmt: skip
+        monitor = BrokerConnection(f"{broker.host}:{broker.port}", timeout_ms=None)
         ctx = Context(f"{broker.host}:{broker.port}", broker.pid, broker.password, monitor, args,
                       f"bench-clients-{secrets.token_hex(3)}")  # fmt: skip
         if ctx.password is None:

@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,12 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _common import BrokerInfo, dist_versions, load_average, machine_base, own_broker  # noqa: E402
-from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
-from thriftpy2.rpc import make_client  # noqa: E402
-from thriftpy2.transport import TCyFramedTransportFactory  # noqa: E402
 
+from clients.connection import BrokerConnection  # noqa: E402
 from clients.messages import encode_pack  # noqa: E402
-from idl import QueueService  # noqa: E402
 from idl import luxun_thrift as T  # noqa: E402
 
 DEFAULT_JSON = ROOT / "perf" / "results" / "bench_spark.json"
@@ -66,43 +62,24 @@ def log(msg: str) -> None:
 
 
 # -- broker ---------------------------------------------------------------------------------
-def connect(broker: BrokerInfo) -> Any:
-    """A thriftpy2 QueueService client of ``broker`` (framed, Cython protocol, TCP_NODELAY)."""
-    client = make_client(
-        QueueService,
-        broker.host,
-        broker.port,
-        proto_factory=TCyBinaryProtocolFactory(),
-        trans_factory=TCyFramedTransportFactory(),
-        timeout=60_000,
-    )
-    sock = getattr(getattr(client._iprot.trans, "trans", None), "sock", None)
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return client
+def connect(broker: BrokerInfo) -> BrokerConnection:
+    """A connection to ``broker`` (clients.connection: framed, Cython protocol, TCP_NODELAY)."""
+    return BrokerConnection(f"{broker.host}:{broker.port}", timeout_ms=60_000)
 
 
 def produce(broker: BrokerInfo, topic: str, messages: int, size: int, pack: int) -> float:
     """Produce the read workload's packs; return the seconds it took."""
-    client = connect(broker)
     t0 = time.perf_counter()
-    try:
+    with connect(broker) as conn:
         for start in range(0, messages, pack):
             batch = [b"%0*d" % (size, i) for i in range(start, min(start + pack, messages))]
-            r = client.produce(T.ProduceRequest(item=encode_pack(batch), topic=topic))
-            if r.result.resultCode != T.ResultCode.SUCCESS:
-                raise RuntimeError(r.result.errorMessage)
-    finally:
-        client.close()
+            conn.checked("produce", T.ProduceRequest(item=encode_pack(batch), topic=topic))
     return time.perf_counter() - t0
 
 
 def topic_size(broker: BrokerInfo, topic: str) -> int:
-    client = connect(broker)
-    try:
-        return int(client.getSize(T.GetSizeRequest(topic=topic)).size)
-    finally:
-        client.close()
+    with connect(broker) as conn:
+        return int(conn.checked("getSize", T.GetSizeRequest(topic=topic)).size)
 
 
 # -- spark ----------------------------------------------------------------------------------

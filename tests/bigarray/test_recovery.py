@@ -39,6 +39,7 @@ def reopen_and_check(path, items, caplog, expected_head):
         arr = BigArray(path)
     try:
         assert arr.head == expected_head
+        assert arr.recovery == (len(items), expected_head) and arr.recovery.dropped == len(items) - expected_head
         assert arr.read_range(arr.tail) == items[arr.tail : expected_head]
         for i in range(arr.tail, expected_head):
             assert arr.get(i) == items[i], i

@@ -503,7 +503,7 @@ def test_password_comparison_goes_through_compare_digest(configured: str, monkey
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(config_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(hmac, "compare_digest", spy)
     assert check_password(configured, "luxun")
     assert not check_password(configured, "wrong")
     assert len(calls) == 2
@@ -511,7 +511,7 @@ def test_password_comparison_goes_through_compare_digest(configured: str, monkey
     for a, b in calls:
         assert isinstance(a, bytes) and isinstance(b, bytes) and len(a) == len(b)
     # The decision is compare_digest's: a right password fails when it says no.
-    monkeypatch.setattr(config_module.hmac, "compare_digest", lambda a, b: False)
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: False)
     assert not check_password(configured, "luxun")
 
 

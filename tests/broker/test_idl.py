@@ -214,7 +214,15 @@ def test_module_attributes() -> None:
     assert sys.modules["luxun_thrift"] is T
     assert sys.modules["message_thrift"] is M
     assert sorted(idl.__all__) == sorted(
-        ["LUXUN_THRIFT", "MESSAGE_THRIFT", "QueueService", "luxun_thrift", "message_thrift"]
+        [
+            "ERROR_CODE_NAMES",
+            "LUXUN_THRIFT",
+            "MESSAGE_THRIFT",
+            "RESULT_CODE_NAMES",
+            "QueueService",
+            "luxun_thrift",
+            "message_thrift",
+        ]
     )
 
 
@@ -589,6 +597,14 @@ def test_every_error_code_has_one_exception() -> None:
     assert len(errors.ERROR_CLASSES) == len(T.ErrorCode._VALUES_TO_NAMES)
     for cls in ERROR_NAMES:
         assert issubclass(cls, errors.LuxunError)
+
+
+def test_data_dir_locked_joins_the_tree() -> None:
+    from luxun.topics import DataDirLockedError
+
+    assert DataDirLockedError is errors.DataDirLockedError
+    assert issubclass(DataDirLockedError, errors.InternalError) and issubclass(DataDirLockedError, RuntimeError)
+    assert DataDirLockedError("held").to_result().errorCode == T.ErrorCode.INTERNAL_ERROR
 
 
 def test_only_all_message_consumed_is_retriable_and_try_later() -> None:

@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.transport import TMemoryBuffer
 
+from clients import codec as codec_module
 from clients import messages
+from clients import pack as pack_module
 from clients.messages import (
     GZIP,
     MAGIC,
@@ -582,11 +584,11 @@ def test_garbage_items_give_pack_error_or_messages(item: bytes) -> None:
 def test_fast_and_checked_readers_agree() -> None:
     for msgs in SAMPLES.values():
         data = hand_list(msgs)
-        checked = messages._read_message_list_checked(data, 0, len(data))
+        checked = pack_module._read_message_list_checked(data, 0, len(data))
         assert checked == msgs
         if msgs:
-            assert messages._read_message_list_cython(data, 0, len(data)) == msgs
-        assert messages._read_message_list(data, 0, len(data), trusted=True) == msgs
+            assert pack_module._read_message_list_cython(data, 0, len(data)) == msgs
+        assert pack_module._read_message_list(data, 0, len(data), trusted=True) == msgs
 
 
 # -- codecs and availability -----------------------------------------------------------
@@ -610,7 +612,7 @@ def test_snappy_compress_writes_xerial_framing() -> None:
 def test_snappy_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     item = encode_pack([b"a"], SNAPPY)
     assert snappy_available()
-    monkeypatch.setattr(messages, "_snappy", None)
+    monkeypatch.setattr(codec_module, "_snappy", None)
     assert not snappy_available()
     with pytest.raises(PackError, match="python-snappy is not installed"):
         encode_pack([b"a"], SNAPPY)
