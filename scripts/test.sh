@@ -7,6 +7,6 @@ scripts/bootstrap.sh test,bench,spark
 scripts/install-interop-deps.sh   # Debian thrift-compiler and libthrift-java for tests/broker/test_interop.py
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff" && ruff check .
-echo "== mypy --strict (clients.spark: mypy's defaults, see setup.cfg)" && mypy --strict bigarray luxun idl clients
+echo "== mypy --strict (bigarray, luxun, idl, clients)" && mypy --strict bigarray luxun idl clients
 echo "== import contracts" && lint-imports
 echo "== pytest" && python -m pytest "${@:-tests}"
