@@ -302,20 +302,22 @@ class QueueHandler:
 
     # -- consume -----------------------------------------------------------------------
     def consume(self, request: Any) -> Any:
-        return self._consume(request, blob=False)
+        """QueueService.consume with ``itemList`` a list of ``bytes`` (for callers in
+        process and thriftpy2's generic encoder)."""
+        response = self.consume_for_wire(request)
+        if isinstance(response.itemList, ItemBlob):
+            response.itemList = response.itemList.to_list()
+        return response
 
     def consume_for_wire(self, request: Any) -> Any:
         """:meth:`consume` for :func:`luxun.wire.encode_consume_reply`: a fetch's
         ``itemList`` may be an :class:`~luxun.wire.ItemBlob` (lengths + one bytes
         object) instead of a list, which saves a ``bytes`` object per item."""
-        return self._consume(request, blob=True)
-
-    def _consume(self, request: Any, *, blob: bool) -> Any:
         t0 = time.perf_counter()
         if request is None:
             raise self._no_request("consume", "ConsumeRequest")
         try:
-            response = self._consume_once(request, blob)
+            response = self._consume_once(request)
             wait_ms = getattr(request, "maxWaitMs", None) or 0
             if wait_ms > 0 and response.result.errorCode in (
                 E.ALL_MESSAGE_CONSUMED,
@@ -323,7 +325,7 @@ class QueueHandler:
                 E.TOPIC_NOT_EXIST,
             ):
                 self.topics.wait_for(request.topic, self._ready_check(request), min(wait_ms, MAX_WAIT_MS) / 1000)
-                response = self._consume_once(request, blob)
+                response = self._consume_once(request)
         except Exception as exc:
             if is_fd_exhaustion(exc):
                 _limited.error("fd-limit", "consume from topic %r failed: %s", request.topic, exc)
@@ -351,7 +353,7 @@ class QueueHandler:
 
         return ready
 
-    def _consume_once(self, request: Any, blob: bool, retry: bool = True) -> Any:
+    def _consume_once(self, request: Any, retry: bool = True) -> Any:
         name = request.topic
         group = request.fanoutId
         max_fetch = request.maxFetchSize or 0
@@ -395,20 +397,16 @@ class QueueHandler:
                     items = [] if item is None else [item]
                 elif max_bytes is None:
                     first, items = queue.dequeue_indexed(group, max_items=1)
-                elif blob:
+                else:
                     first, lengths, data = queue.dequeue_blob(group, max_bytes=max_bytes)
                     items = ItemBlob(lengths, data)
-                else:
-                    first, items = queue.dequeue_indexed(group, max_bytes=max_bytes)
             elif start == queue.head:
                 items = []
             else:
                 if max_bytes is None:
                     items = [queue.get(start)]
-                elif blob:
-                    items = ItemBlob(*queue.read_range_blob(start, max_bytes=max_bytes))
                 else:
-                    items = queue.read_range(start, max_bytes=max_bytes)
+                    items = ItemBlob(*queue.read_range_blob(start, max_bytes=max_bytes))
                 last_index = start + len(items) - 1
             if not len(items):
                 return reply(AllMessageConsumed(name, fanout_id=group, index=None if group else start).to_result())
@@ -424,11 +422,11 @@ class QueueHandler:
             return reply(self._committed_group(name, group))
         except IndexOutOfRangeError as exc:
             if retry and queue is not None and queue.closed:
-                return self._consume_once(request, blob, retry=False)
+                return self._consume_once(request, retry=False)
             return reply(IndexOutOfBounds(name, exc.index, exc.tail, exc.head).to_result())
         except ArrayClosedError:
             if retry:  # closed to make room (nothing was read or moved): once more, reopened
-                return self._consume_once(request, blob, retry=False)
+                return self._consume_once(request, retry=False)
             return reply(self._not_exist(name))
 
     def _await_creation(self, name: str) -> Topic | None:
