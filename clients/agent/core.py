@@ -60,7 +60,7 @@ from ..errors import BrokerError, BrokerUnavailableError, LuxunClientError, Mess
 from ..messages import NO_COMPRESSION, encode_pack, snappy_available
 from . import stats as S
 from .config import CODECS, AgentConfig, RateLimit
-from .wire import Malformed, UnsupportedApiKey, UnsupportedVersion, parse
+from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_fields
 
 log = logging.getLogger("luxun.agent")
 
@@ -75,6 +75,8 @@ _FORWARD_COUNTERS = ("UnixDgInputAgentForwardMsg", "UnixStreamInputAgentForwardM
 _STREAM_PREFIX = {STREAM: "UnixStreamInput", TCP: "TcpInput"}
 _FORBIDDEN = frozenset({"Cc", "Cf", "Co", "Cs", "Cn"})
 _TOPIC_CACHE_MAX = 10_000
+#: Pool bytes an input thread takes at a time (what it does not use goes back when idle).
+_CREDIT_BYTES = 64 * 1024
 
 
 class Pool:
@@ -95,16 +97,29 @@ class Pool:
                 self.peak = self.used
             return True
 
+    def reserve(self, want: int, at_least: int) -> int:
+        """Take up to ``want`` bytes, at least ``at_least``; 0 when not even that is free."""
+        with self._lock:
+            free = self.capacity - self.used
+            if free < at_least:
+                return 0
+            n = min(max(want, at_least), free)
+            self.used += n
+            if self.used > self.peak:
+                self.peak = self.used
+            return n
+
     def free(self, n: int) -> None:
         with self._lock:
             self.used -= n
 
 
 class _Batch:
-    __slots__ = ("attempts", "bytes", "charge", "created", "group", "max_ts", "min_ts", "preferred", "settled",
-                 "topic", "values")  # fmt: skip
+    __slots__ = ("attempts", "bytes", "charge", "created", "group", "linger_s", "max_ts", "min_ts", "preferred",
+                 "settled", "topic", "values")  # fmt: skip
 
-    def __init__(self, topic: str, group: int, preferred: int | None, now: float) -> None:
+    def __init__(self, topic: str, group: int, preferred: int | None, now: float, linger_s: float) -> None:
+        self.linger_s = linger_s
         self.topic = topic
         self.group = group  # -1: AnyPartition, else the preferred broker
         self.preferred = preferred
@@ -116,6 +131,21 @@ class _Batch:
         self.max_ts = -(1 << 62)
         self.attempts = 0
         self.settled = False
+
+
+class _TopicState:
+    """What the router needs per topic, looked up once per message."""
+
+    __slots__ = ("limiter", "linger_s", "max_bytes", "max_messages", "name")
+
+    def __init__(self, name: str, cfg: AgentConfig) -> None:
+        self.name = name
+        rule = cfg.rate_limit(name)
+        self.limiter = _Limiter(rule) if rule is not None else None
+        b = cfg.batching(name)
+        self.linger_s = (b.time_ms if b.time_ms is not None else 1 << 30) / 1000
+        self.max_messages = 1 if b.time_ms == 0 else (b.messages if b.messages is not None else 1 << 62)
+        self.max_bytes = b.bytes if b.bytes is not None else 1 << 62
 
 
 class _Limiter:
@@ -148,6 +178,57 @@ def topic_name_problem(name: str) -> str | None:
     if any(unicodedata.category(ch) in _FORBIDDEN for ch in name):
         return "contains a control, format, private-use or unassigned character"
     return None
+
+
+class _Intake:
+    """One input thread's side of the pool and the router queue: it takes pool bytes in
+    blocks of up to ``_CREDIT_BYTES`` (so the pool lock is taken once per block, not per
+    message) and hands messages to the router in chunks."""
+
+    __slots__ = ("agent", "credit", "pending", "transport")
+
+    def __init__(self, agent: Agent, transport: int) -> None:
+        self.agent = agent
+        self.transport = transport
+        self.credit = 0
+        self.pending: list[Fields] = []
+
+    def accept(self, data: bytes) -> None:
+        try:
+            f = parse_fields(data)
+        except Malformed:
+            self.agent.stats.discard(S.MALFORMED, None, sample=data)
+            return
+        except UnsupportedApiKey:
+            self.agent.stats.discard(S.UNSUPPORTED_API_KEY, None, sample=data)
+            return
+        except UnsupportedVersion as exc:
+            self.agent.stats.discard(S.UNSUPPORTED_VERSION, None, sample=data, version=exc.version)
+            return
+        charge = len(data) + MSG_OVERHEAD_BYTES
+        if charge > self.credit:
+            self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
+            if charge > self.credit:
+                self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                return
+        self.credit -= charge
+        self.pending.append(f)
+        if len(self.pending) >= 512:
+            self.flush(idle=False)
+
+    def flush(self, *, idle: bool) -> None:
+        """Hand pending messages to the router; ``idle``: give back unused pool credit."""
+        if self.pending:
+            self.agent._push(self.transport, self.pending)
+            self.pending = []
+        if idle and self.credit:
+            self.agent.pool.free(self.credit)
+            self.credit = 0
+
+
+def charge_of(f: Fields) -> int:
+    """Pool bytes of a message: its Dory size plus MSG_OVERHEAD_BYTES."""
+    return (28 if f[1] is None else 32) + len(f[0]) + len(f[3]) + len(f[4]) + MSG_OVERHEAD_BYTES
 
 
 class _Sender(threading.Thread):
@@ -261,7 +342,7 @@ class Agent:
         self.pid = os.getpid()
         self.stats = S.Stats(config.discard_report_interval_s, config.bad_msg_prefix_bytes)
         self.pool = Pool(config.max_buffer_bytes)
-        self._inq: deque[tuple[int, Any, int]] = deque()
+        self._inq: deque[tuple[int, list[Fields]]] = deque()
         self._reroutes: deque[_Batch] = deque()
         self._wake_router = threading.Event()
         self._stopping = False  # inputs stop reading
@@ -276,8 +357,8 @@ class Agent:
         self._conns_lock = threading.Lock()
         self.senders = [_Sender(self, i, a) for i, a in enumerate(config.brokers)]
         self._batches: dict[tuple[str, int], _Batch] = {}
-        self._limiters: dict[str, _Limiter | None] = {}
-        self._topics: dict[bytes, str | None] = {}
+        self._topics: dict[bytes, _TopicState | None] = {}
+        self._topics_epoch = self._seen_epoch = 0
         self._known_topics: frozenset[str] | None = None
         self._metadata_event = threading.Event()
         self.metadata_updated_ms = 0
@@ -407,24 +488,11 @@ class Agent:
         }
 
     # -- inputs -------------------------------------------------------------------------
-    def _accept(self, data: bytes, transport: int) -> None:
-        try:
-            m = parse(data)
-        except Malformed:
-            self.stats.discard(S.MALFORMED, None, sample=data)
-            return
-        except UnsupportedApiKey:
-            self.stats.discard(S.UNSUPPORTED_API_KEY, None, sample=data)
-            return
-        except UnsupportedVersion as exc:
-            self.stats.discard(S.UNSUPPORTED_VERSION, None, sample=data, version=exc.version)
-            return
-        charge = len(data) + MSG_OVERHEAD_BYTES
-        if not self.pool.alloc(charge):
-            self.stats.discard(S.NO_MEMORY, m.topic.decode(errors="replace"), ts_min=m.timestamp_ms,
-                               ts_max=m.timestamp_ms)  # fmt: skip
-            return
-        self._inq.append((transport, m, charge))
+    def _intake(self, transport: int) -> _Intake:
+        return _Intake(self, transport)
+
+    def _push(self, transport: int, chunk: list[Fields]) -> None:
+        self._inq.append((transport, chunk))
         if not self._wake_router.is_set():
             self._wake_router.set()
 
@@ -439,17 +507,22 @@ class Agent:
     def _read_datagrams(self, s: socket.socket) -> None:
         recv = s.recv
         size = self.config.max_datagram_bytes
-        accept = self._accept
-        while not self._stopping:
-            try:
-                data = recv(size)
-            except BlockingIOError:
-                if not self._wait_readable(s):
+        intake = self._intake(DGRAM)
+        accept = intake.accept
+        try:
+            while not self._stopping:
+                try:
+                    data = recv(size)
+                except BlockingIOError:
+                    intake.flush(idle=True)  # hand over what was read before sleeping
+                    if not self._wait_readable(s):
+                        break
+                    continue
+                except OSError:
                     break
-                continue
-            except OSError:
-                break
-            accept(data, DGRAM)
+                accept(data)
+        finally:
+            intake.flush(idle=True)
 
     def _accept_loop(self, s: socket.socket, transport: int) -> None:
         s.setblocking(False)
@@ -472,7 +545,8 @@ class Agent:
         prefix = _STREAM_PREFIX[transport]
         limit = self.config.max_stream_msg_bytes
         rest = b""
-        accept = self._accept
+        intake = self._intake(transport)
+        accept = intake.accept
         try:
             conn.setblocking(True)
             while not self._stopping:
@@ -499,10 +573,12 @@ class Agent:
                         return
                     if n - pos < size:
                         break
-                    accept(data[pos : pos + size], transport)
+                    accept(data[pos : pos + size])
                     pos += size
                 rest = data[pos:]
+                intake.flush(idle=False)
         finally:
+            intake.flush(idle=True)
             with self._conns_lock:
                 self._conns.discard(conn)
             conn.close()
@@ -511,7 +587,7 @@ class Agent:
     def _route_loop(self) -> None:
         inq = self._inq
         reroutes = self._reroutes
-        route = self._route
+        route = self._route_chunk
         batches = self._batches
         wake = self._wake_router
         try:
@@ -521,17 +597,15 @@ class Agent:
                     self._abandon_router()
                     return
                 while reroutes:
-                    b = reroutes.popleft()
-                    self._dispatch(b)
+                    self._dispatch(reroutes.popleft())
                 n = 0
-                while inq and n < 10_000:
+                while inq and n < 64:
                     route(*inq.popleft())
                     n += 1
                 now = time.monotonic()
                 next_due = now + 0.2
                 for key, b in list(batches.items()):
-                    t = self.config.batching(b.topic).time_ms
-                    due = b.created + (t if t is not None else 1 << 30) / 1000
+                    due = b.created + b.linger_s
                     if self._draining or due <= now:
                         del batches[key]
                         self._dispatch(b)
@@ -549,80 +623,82 @@ class Agent:
         self._batches.clear()
         self._reroutes.clear()
         while self._inq:
-            _, m, charge = self._inq.popleft()
-            self.pool.free(charge)
-            self.stats.discard(S.SHUTDOWN, m.topic.decode(errors="replace"), ts_min=m.timestamp_ms,
-                               ts_max=m.timestamp_ms)  # fmt: skip
+            _, chunk = self._inq.popleft()
+            for f in chunk:
+                self.pool.free(charge_of(f))
+                self.stats.discard(S.SHUTDOWN, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
 
-    def _topic(self, raw: bytes) -> str | None:
+    def _topic_state(self, raw: bytes) -> _TopicState | None:
+        """The router's view of a topic, or None for a bad topic (cached)."""
+        if self._topics_epoch != self._seen_epoch:
+            self._topics.clear()
+            self._seen_epoch = self._topics_epoch
         try:
             return self._topics[raw]
         except KeyError:
             pass
+        state: _TopicState | None = None
         try:
-            name: str | None = raw.decode("utf-8")
+            name = raw.decode("utf-8")
         except UnicodeDecodeError:
             name = None
-        if name is not None and topic_name_problem(name) is not None:
-            name = None
+        known = self._known_topics
+        if name is not None and topic_name_problem(name) is None and (known is None or name in known):
+            state = _TopicState(name, self.config)
         if len(self._topics) >= _TOPIC_CACHE_MAX:
             self._topics.clear()
-        self._topics[raw] = name
-        return name
+        self._topics[raw] = state
+        return state
 
-    def _route(self, transport: int, m: Any, charge: int) -> None:
-        self.received[transport] += 1
-        if m.key:
-            self.keys_dropped += 1
-            self.keys_dropped_bytes += len(m.key)
-        topic = self._topic(m.topic)
-        ts = m.timestamp_ms
-        if topic is None or (self._known_topics is not None and topic not in self._known_topics):
-            self.pool.free(charge)
-            self.stats.discard(S.BAD_TOPIC, None, sample=m.topic)
-            return
-        value = m.value
+    def _route_chunk(self, transport: int, chunk: list[Fields]) -> None:
+        self.received[transport] += len(chunk)
         cfg = self.config
-        if len(value) + 4 + PACK_OVERHEAD_BYTES > cfg.message_max_bytes:
-            self.pool.free(charge)
-            self.stats.discard(S.TOO_LARGE, topic, sample=m.topic + b" " + value[:64], ts_min=ts, ts_max=ts)
-            return
-        try:
-            limiter = self._limiters[topic]
-        except KeyError:
-            rule = cfg.rate_limit(topic)
-            limiter = self._limiters[topic] = _Limiter(rule) if rule is not None else None
-        if limiter is not None and not limiter.allow(time.monotonic()):
-            self.pool.free(charge)
-            self.stats.discard(S.RATE_LIMITED, topic, ts_min=ts, ts_max=ts)
-            return
-        pk = m.partition_key
-        n = len(self.senders)
-        group = -1 if pk is None else pk % n
-        key = (topic, group)
-        b = self._batches.get(key)
-        size = len(value) + 4
-        if b is not None and b.bytes + size + PACK_OVERHEAD_BYTES > cfg.message_max_bytes:
-            del self._batches[key]
-            self._dispatch(b)
-            b = None
-        if b is None:
-            b = self._batches[key] = _Batch(topic, group, None if group < 0 else group, time.monotonic())
-        b.values.append(value)
-        b.bytes += size
-        b.charge += charge
-        if ts < b.min_ts:
-            b.min_ts = ts
-        if ts > b.max_ts:
-            b.max_ts = ts
-        limits = cfg.batching(topic)
-        if (
-            (limits.messages is not None and len(b.values) >= limits.messages)
-            or (limits.bytes is not None and b.bytes >= limits.bytes)
-            or limits.time_ms == 0
-        ):
-            del self._batches[key]
-            self._dispatch(b)
+        max_pack = cfg.message_max_bytes
+        n_senders = len(self.senders)
+        batches = self._batches
+        topics = self._topics
+        stats = self.stats
+        now = time.monotonic()
+        for f in chunk:
+            raw, pk, ts, key, value = f
+            if key:
+                self.keys_dropped += 1
+                self.keys_dropped_bytes += len(key)
+            st = topics.get(raw) if self._topics_epoch == self._seen_epoch else None
+            if st is None:
+                st = self._topic_state(raw)
+                if st is None:
+                    self.pool.free(charge_of(f))
+                    stats.discard(S.BAD_TOPIC, None, sample=raw)
+                    continue
+            size = len(value) + 4
+            if size + PACK_OVERHEAD_BYTES > max_pack:
+                self.pool.free(charge_of(f))
+                stats.discard(S.TOO_LARGE, st.name, sample=raw + b" " + value[:64], ts_min=ts, ts_max=ts)
+                continue
+            if st.limiter is not None and not st.limiter.allow(now):
+                self.pool.free(charge_of(f))
+                stats.discard(S.RATE_LIMITED, st.name, ts_min=ts, ts_max=ts)
+                continue
+            group = -1 if pk is None else pk % n_senders
+            bkey = (st.name, group)
+            b = batches.get(bkey)
+            if b is not None and b.bytes + size + PACK_OVERHEAD_BYTES > max_pack:
+                del batches[bkey]
+                self._dispatch(b)
+                b = None
+            if b is None:
+                b = batches[bkey] = _Batch(st.name, group, None if group < 0 else group, now, st.linger_s)
+            b.values.append(value)
+            b.bytes += size
+            b.charge += charge_of(f)
+            if ts < b.min_ts:
+                b.min_ts = ts
+            if ts > b.max_ts:
+                b.max_ts = ts
+            if len(b.values) >= st.max_messages or b.bytes >= st.max_bytes:
+                del batches[bkey]
+                self._dispatch(b)
 
     def _dispatch(self, batch: _Batch) -> None:
         senders = self.senders
@@ -696,6 +772,7 @@ class Agent:
             except LuxunClientError as exc:
                 log.warning("listTopics on %s failed: %s", address, exc)
         self._known_topics = frozenset(names)
+        self._topics_epoch += 1  # the router forgets what it knew of topics
         self.metadata_updated_ms = int(time.time() * 1000)
         self.stats.incr("MetadataUpdated")
 

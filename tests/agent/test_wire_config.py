@@ -162,7 +162,7 @@ def test_dory_config_subset(tmp_path: Path) -> None:
             "<doryConfig><compression><namedConfigs><config name='l' type='lz4' /></namedConfigs></compression>"
             "</doryConfig>",
             "lz4",
-        ),  # fmt: skip
+        ),
         ("<doryConfig><batching><defaultTopic action='perTopic' config='nope' /></batching></doryConfig>", "nope"),
         ("<doryConfig", "cannot read"),
     ],
