@@ -12,8 +12,12 @@ HTTP pages. Imports nothing from ``luxun``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import ctypes.util
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -24,6 +28,10 @@ from .config import AgentConfig, AgentConfigError, load_dory_config
 from .core import Agent
 from .status import StatusServer
 
+_M_ARENA_MAX = -8  # glibc mallopt parameters
+_M_MMAP_THRESHOLD = -3
+_M_TRIM_THRESHOLD = -1
+_SWITCH_INTERVAL_S = 0.005
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -84,6 +92,22 @@ def build_config(args: argparse.Namespace) -> AgentConfig:
     return cfg
 
 
+def _tune_process() -> None:
+    """Before any thread starts: at most 2 glibc malloc arenas (each thread would otherwise
+    get its own, each keeping freed memory, and RSS would grow well past the pool), a fixed
+    mmap threshold (glibc's moving one ends up serving packs and reads from the heap, which
+    then stays fragmented), and a
+    short GIL switch interval, so that the datagram thread, which gives the GIL up at
+    every ``recv``, gets it back soon while the router and senders compute."""
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc.mallopt(_M_ARENA_MAX, 2)
+            libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)  # fixed: big buffers (packs, reads) go back at free
+            libc.mallopt(_M_TRIM_THRESHOLD, 1024 * 1024)
+    sys.setswitchinterval(float(os.environ.get("LUXUN_AGENT_SWITCH_S", _SWITCH_INTERVAL_S)))
+
+
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; exit code 0, or 2 for a bad config or a socket that
     cannot be bound (one line on stderr)."""
@@ -99,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     except (AgentConfigError, ValueError) as exc:
         print(f"luxun: {exc}", file=sys.stderr)
         return 2
+    _tune_process()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -66,7 +66,7 @@ log = logging.getLogger("luxun.agent")
 
 VERSION = "luxun-agent 1"
 #: Pool bytes a message takes beyond its own size (its Python objects, roughly).
-MSG_OVERHEAD_BYTES = 128
+MSG_OVERHEAD_BYTES = 192
 #: Bytes of a pack around its messages (22 + 1 for the pack, a list header, 4 per message).
 PACK_OVERHEAD_BYTES = 64
 DGRAM, STREAM, TCP = 0, 1, 2
