@@ -31,7 +31,7 @@ from .status import StatusServer
 _M_ARENA_MAX = -8  # glibc mallopt parameters
 _M_MMAP_THRESHOLD = -3
 _M_TRIM_THRESHOLD = -1
-_SWITCH_INTERVAL_S = 0.005
+_SWITCH_INTERVAL_S = 0.0005
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 

@@ -60,6 +60,7 @@ from ..errors import BrokerError, BrokerUnavailableError, LuxunClientError, Mess
 from ..messages import NO_COMPRESSION, encode_pack, snappy_available
 from . import stats as S
 from .config import CODECS, AgentConfig, RateLimit
+from .mmsg import batch_receiver
 from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_fields
 
 log = logging.getLogger("luxun.agent")
@@ -505,14 +506,15 @@ class Agent:
         return not self._stopping
 
     def _read_datagrams(self, s: socket.socket) -> None:
-        recv = s.recv
         size = self.config.max_datagram_bytes
         intake = self._intake(DGRAM)
         accept = intake.accept
+        rx = batch_receiver(s, size) if os.environ.get("LUXUN_AGENT_RECVMMSG", "1") != "0" else None
+        receive = rx.receive if rx is not None else (lambda: [s.recv(size)])
         try:
             while not self._stopping:
                 try:
-                    data = recv(size)
+                    batch = receive()
                 except BlockingIOError:
                     intake.flush(idle=True)  # hand over what was read before sleeping
                     if not self._wait_readable(s):
@@ -520,7 +522,8 @@ class Agent:
                     continue
                 except OSError:
                     break
-                accept(data)
+                for data in batch:
+                    accept(data)
         finally:
             intake.flush(idle=True)
 

@@ -344,3 +344,28 @@ def read_topic_from(b: Any, topic: str, index: int) -> list[bytes]:
                 return out
             out.extend(f.messages)
             index = f.next_index  # type: ignore[assignment]
+
+
+def test_the_readme_python_sender_works(brokers: Any, agents: Agents) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Local agent (Dory-compatible)") :]
+    code = section[section.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert "/tmp/luxun-agent.dgram" in code
+    (b,) = brokers(1)
+    a = agents([address(b)])
+    exec(compile(code.replace("/tmp/luxun-agent.dgram", a.dgram), "README.md", "exec"), {})
+    a.wait(lambda: a.counters().get("MsgDelivered", 0) == 1, message="the README's message")
+    assert read_topic(b, "clicks") == [b'{"page": "/"}']
+    assert a.stop() == 0
+
+
+def test_a_datagram_over_max_datagram_msg_size_is_cut_and_malformed(brokers: Any, agents: Agents) -> None:
+    (b,) = brokers(1)
+    a = agents([address(b)], config="<doryConfig><inputConfig><maxDatagramMsgSize value='1k' /></inputConfig>"
+                                    "</doryConfig>")  # fmt: skip
+    dgram_send(a.dgram, [encode(b"d", b"x" * 2000), encode(b"d", b"y" * 900), encode(b"d", b"z" * 1024)])
+    a.wait(lambda: a.counters().get("MsgDelivered", 0) == 1, message="the one that fits")
+    assert a.discards()["malformed"] == 2
+    assert read_topic(b, "d") == [b"y" * 900]
+    assert a.stop() == 0
