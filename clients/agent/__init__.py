@@ -128,11 +128,20 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        agent.start()
-        status = StatusServer(agent, cfg.status_port).start() if cfg.status_port else None
+        status = StatusServer(agent, cfg.status_port) if cfg.status_port else None
     except OSError as exc:
+        print(f"luxun: cannot listen on status port 127.0.0.1:{cfg.status_port}: {exc.strerror or exc}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        agent.start()
+    except OSError as exc:
+        if status:
+            status.close()
         print(f"luxun: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    if status:
+        status.start()
     for line in cfg.ignored:
         log.info("config setting not used: %s", line)
     inputs = [f"dgram {cfg.dgram_path}" if cfg.dgram_path else "", f"stream {cfg.stream_path}" if cfg.stream_path

@@ -29,6 +29,7 @@ thread that owns them (the router, each input) and read without it.
 from __future__ import annotations
 
 import base64
+import logging
 import threading
 import time
 from collections import deque
@@ -58,6 +59,9 @@ COUNTER_OF_REASON = {
     SHUTDOWN: "DiscardOnShutdown",
 }
 _RECENT = 10
+#: One log line per discard reason per this many seconds (the others are counted in it).
+LOG_INTERVAL_S = 10.0
+log = logging.getLogger("luxun.agent")
 
 
 class _Report:
@@ -108,6 +112,7 @@ class Stats:
         self.unclean_bytes = {"unix_stream": 0, "tcp": 0}
         self._current = _Report(0, self.since)
         self._finished: _Report | None = None
+        self._logged: dict[str, tuple[float, int]] = {}  # reason -> (last line, discards since)
 
     def _rotate(self, now: float) -> _Report:
         if now - self._current.start >= self.interval_s:
@@ -143,6 +148,14 @@ class Stats:
                     entry[0], entry[1], entry[2] = min(entry[0], lo), max(entry[1], hi), entry[2] + n
                 if reason == RATE_LIMITED:
                     report.rate_limited[topic] = report.rate_limited.get(topic, 0) + n
+            last, suppressed = self._logged.get(reason, (-1e18, 0))
+            now = time.monotonic()
+            if now - last < LOG_INTERVAL_S:
+                self._logged[reason] = (last, suppressed + n)
+                return
+            self._logged[reason] = (now, 0)
+        more = f" (+{suppressed} more since the last line)" if suppressed else ""
+        log.warning("discarded %d message(s): %s, topic %r%s", n, reason, topic, more)
 
     def unclean_disconnect(self, transport: str, left_bytes: int, counter: str) -> None:
         with self.lock:

@@ -218,7 +218,8 @@ class StatusServer:
         return self
 
     def close(self) -> None:
-        self.httpd.shutdown()
+        if self._thread.is_alive():
+            self.httpd.shutdown()
         self.httpd.server_close()
 
 

@@ -369,3 +369,39 @@ def test_a_datagram_over_max_datagram_msg_size_is_cut_and_malformed(brokers: Any
     assert a.discards()["malformed"] == 2
     assert read_topic(b, "d") == [b"y" * 900]
     assert a.stop() == 0
+
+
+def test_start_errors_are_one_line_exit_2_and_leave_nothing(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    regular = tmp_path / "file"
+    regular.write_text("")
+    cases = [
+        (["--dgram", str(tmp_path / "d")], "no broker"),
+        (["--broker", "127.0.0.1:1"], "no input"),
+        (["--broker", "h:99999", "--dgram", str(tmp_path / "d")], "--broker"),
+        (["--broker", "127.0.0.1:1", "--tcp-port", str(port), "--status-port", "0"], f"127.0.0.1:{port}"),
+        (["--broker", "127.0.0.1:1", "--dgram", str(tmp_path / "d"), "--status-port", str(port)], "status port"),
+        (["--broker", "127.0.0.1:1", "--dgram", str(regular), "--status-port", "0"], "is not a socket"),
+        (["--broker", "127.0.0.1:1", "--dgram", str(tmp_path / "no/dir/d"), "--status-port", "0"], "cannot bind"),
+        (
+            ["--broker", "127.0.0.1:1", "--dgram", str(tmp_path / "d"), "--config", str(tmp_path / "none.xml")],
+            "cannot read Dory config",
+        ),
+    ]
+    try:
+        for extra, needle in cases:
+            run = subprocess.run([sys.executable, "-m", "luxun.cli", "agent", *extra], capture_output=True, text=True,
+                                 timeout=30)  # fmt: skip
+            assert run.returncode == 2, (extra, run.stderr)
+            lines = run.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("luxun: ") and needle in lines[0], (extra, run.stderr)
+            assert "Traceback" not in run.stderr
+        assert not (tmp_path / "d").exists() and regular.read_text() == ""
+    finally:
+        taken.close()
