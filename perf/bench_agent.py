@@ -20,6 +20,7 @@ and Dory's C library write) with plain ``socket`` calls, as fast as they can, fo
 - **end to end**: messages / s from the first send to the moment the agent's
   ``MsgDelivered`` counter (acknowledged by the broker) covers every message sent
   (bounded by ``--drain-seconds``);
+- **agent CPU**: the agent's CPU time (user + system) per message sent;
 - **agent RSS**: the agent's peak resident set during the run (sampled every 50 ms)
   against its pool (``--max-buffer``): "bounded" means peak <= idle RSS + pool + 5 %.
 
@@ -167,6 +168,13 @@ class Agent:
                     return int(line.split()[1]) * 1024
         return 0
 
+    def cpu_s(self) -> float:
+        """The agent's user + system CPU time so far."""
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0
+
     def stop(self) -> dict[str, Any]:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -207,6 +215,7 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    cpu0 = agent.cpu_s()
     spec = {"transport": transport, "size": size, "topic": topic, "dgram": agent.dgram, "stream": agent.stream,
             "tcp_port": agent.tcp_port, "seconds": args.seconds, "max_messages": args.max_messages}  # fmt: skip
     reports = run_clients(agent_client, [spec] * args.clients, args.seconds + 60)
@@ -222,6 +231,7 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
             break
         time.sleep(0.02)
     t_done = time.monotonic()
+    agent_cpu = agent.cpu_s() - cpu0
     stop.set()
     sampler.join()
     send_s = max(r["t1"] for r in reports) - t0
@@ -239,6 +249,7 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
         "client_cpu_us_per_msg": round(1e6 * sum(r["cpu_s"] for r in reports) / sent, 2),
         "client_wall_us_per_msg": round(1e6 * sum(r["t1"] - r["t0"] for r in reports) / sent, 2),
         "agent_peak_rss_mib": round(peak_rss[0] / 2**20, 1),
+        "agent_cpu_us_per_msg": round(1e6 * agent_cpu / max(1, sent), 2),
         "complete": delivered + discarded >= sent,
     }
 
@@ -266,6 +277,7 @@ def measure_producer(broker: str, size: int, args: argparse.Namespace, run_id: s
         "client_cpu_us_per_msg": round(1e6 * sum(r["cpu_s"] for r in reports) / sent, 2),
         "client_wall_us_per_msg": None,
         "agent_peak_rss_mib": None,
+        "agent_cpu_us_per_msg": None,
         "complete": True,
     }
 
@@ -312,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     rate = fmt_rate(row["end_to_end_msgs_per_s"])
                     print(f"  {row['path']:<16} {size:>5} B: {rate} msgs/s end to end, "
-                          f"client {row['client_cpu_us_per_msg']} us cpu/msg", file=sys.stderr)  # fmt: skip
+                          f"client {row['client_cpu_us_per_msg']} us cpu/msg, agent {row['agent_cpu_us_per_msg']} us "
+                          "cpu/msg", file=sys.stderr)  # fmt: skip
                 if not args.no_peer:
                     row = measure_producer(address, size, args, run_id)
                     rows.append(row)
