@@ -8,6 +8,7 @@
                   [--commit | --no-commit]   (with --group: read from the committed position)
     luxun topics [--metrics URL]   topics, sizes, group lag (listTopics, or the metrics endpoint)
     luxun delete TOPIC --password PW
+    luxun agent --broker H:P [--dgram PATH] [--stream PATH] [--tcp-port N] [--config dory.xml] [--status-port N]
 
 Client commands talk to a broker through :class:`clients.connection.BrokerConnection`
 (``--broker host:port``, default 127.0.0.1:9092; ``host`` alone means port 9092) with a
@@ -138,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             "consume adds --wait-ms; 0: no limit)",
         )
 
+    agent = sub.add_parser("agent", help="a local Dory-compatible agent that forwards to brokers")
+    from clients.agent import add_arguments as _agent_arguments
+
+    _agent_arguments(agent)
+
     args = parser.parse_args(argv)
     from clients.errors import LuxunClientError
 
@@ -151,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # stdout closed (luxun consume ... | head)
         return 0
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from clients.agent import run
+
+    return run(args)
 
 
 def _fail(message: str, code: int) -> int:

@@ -1,0 +1,841 @@
+"""The agent: inputs -> router -> one sender per broker, over a bounded memory pool.
+
+Threads (as in Dory):
+
+- **inputs**: one thread for the UNIX datagram socket; one listener per stream socket (UNIX
+  stream, TCP on 127.0.0.1) and one thread per connection. They only read, validate the
+  wire format (:mod:`clients.agent.wire`), take the message's bytes from the pool and
+  append it to the router's queue: a datagram socket is drained without a system call more
+  than ``recv`` per message while messages are waiting.
+- **router**: checks the topic name (and, ``topicAutocreate`` off, that a broker lists it),
+  the size and the topic's rate limit; batches per topic (and per broker for PartitionKey
+  messages) until the topic's time, count or byte limit; hands a closed batch to a sender.
+  PartitionKey: broker ``key % n`` in the ``--broker`` order, the next one up when it is down.
+  AnyPartition: round robin over the brokers that are up.
+- **senders**: one per broker; each batch becomes one message pack (one queue item,
+  compressed per topic) sent with acknowledged ``produce``. A broker that cannot be reached
+  is marked down for a back-off (doubling from ``retry_backoff_ms`` up to
+  ``max_retry_backoff_ms``) and its batches go back to the router to be routed again; each
+  batch counts its failed attempts and is discarded (``broker_failure``) after
+  ``maxFailedDeliveryAttempts``. A refusal by the broker that trying again may cure (TRY_LATER)
+  is an attempt too; any other refusal discards the batch at once (``too_large`` for
+  MESSAGE_SIZE_TOO_LARGE, else ``broker_failure``), with a rate-limited log line.
+
+Dory's Key (a Kafka message key) has no place in a luxun pack: the agent **drops it** and
+counts the messages that had one (``AgentKeyDropped``) and its bytes
+(``AgentKeyDroppedBytes``); the value is delivered unchanged.
+
+Memory: each message takes ``len(message) + MSG_OVERHEAD_BYTES`` of the pool
+(``max_buffer_bytes``) from its arrival until its batch is delivered or discarded; a
+message that does not fit is discarded (``no_memory``), so the buffered data is bounded.
+
+Counting: every message read is delivered or counted once as a discard; bytes left by a
+stream client that closed in the middle of a message are counted apart (unclean
+disconnects). At shutdown a batch still in a ``produce`` call when ``shutdownMaxDelay`` ran
+out is counted as a shutdown discard although the broker may have stored it.
+
+Thread-safety: :meth:`Agent.start`, :meth:`Agent.stop` from one thread; the ``*_json``
+views from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import socket
+import stat
+import threading
+import time
+import unicodedata
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from idl import luxun_thrift as T
+
+from ..connection import BrokerConnection
+from ..errors import BrokerError, BrokerUnavailableError, LuxunClientError, MessageSizeTooLargeError
+from ..messages import NO_COMPRESSION, encode_pack, snappy_available
+from . import stats as S
+from .config import CODECS, AgentConfig, RateLimit
+from .mmsg import batch_receiver
+from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_fields
+
+log = logging.getLogger("luxun.agent")
+
+VERSION = "luxun-agent 1"
+#: Pool bytes a message takes beyond its own size (its Python objects, roughly).
+MSG_OVERHEAD_BYTES = 192
+#: Bytes of a pack around its messages (22 + 1 for the pack, a list header, 4 per message).
+PACK_OVERHEAD_BYTES = 64
+DGRAM, STREAM, TCP = 0, 1, 2
+TRANSPORTS = ("unix_dgram", "unix_stream", "tcp")
+_FORWARD_COUNTERS = ("UnixDgInputAgentForwardMsg", "UnixStreamInputAgentForwardMsg", "TcpInputAgentForwardMsg")
+_STREAM_PREFIX = {STREAM: "UnixStreamInput", TCP: "TcpInput"}
+_FORBIDDEN = frozenset({"Cc", "Cf", "Co", "Cs", "Cn"})
+_TOPIC_CACHE_MAX = 10_000
+#: Pool bytes an input thread takes at a time (what it does not use goes back when idle).
+_CREDIT_BYTES = 64 * 1024
+
+
+class Pool:
+    """A byte budget: :meth:`alloc` fails when it would go over ``capacity``."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def alloc(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.capacity:
+                return False
+            self.used += n
+            if self.used > self.peak:
+                self.peak = self.used
+            return True
+
+    def reserve(self, want: int, at_least: int) -> int:
+        """Take up to ``want`` bytes, at least ``at_least``; 0 when not even that is free."""
+        with self._lock:
+            free = self.capacity - self.used
+            if free < at_least:
+                return 0
+            n = min(max(want, at_least), free)
+            self.used += n
+            if self.used > self.peak:
+                self.peak = self.used
+            return n
+
+    def free(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+class _Batch:
+    __slots__ = ("attempts", "bytes", "charge", "created", "group", "linger_s", "max_ts", "min_ts", "preferred",
+                 "settled", "topic", "values")  # fmt: skip
+
+    def __init__(self, topic: str, group: int, preferred: int | None, now: float, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self.topic = topic
+        self.group = group  # -1: AnyPartition, else the preferred broker
+        self.preferred = preferred
+        self.values: list[bytes] = []
+        self.bytes = 0
+        self.charge = 0
+        self.created = now
+        self.min_ts = 1 << 62
+        self.max_ts = -(1 << 62)
+        self.attempts = 0
+        self.settled = False
+
+
+class _TopicState:
+    """What the router needs per topic, looked up once per message."""
+
+    __slots__ = ("limiter", "linger_s", "max_bytes", "max_messages", "name")
+
+    def __init__(self, name: str, cfg: AgentConfig) -> None:
+        self.name = name
+        rule = cfg.rate_limit(name)
+        self.limiter = _Limiter(rule) if rule is not None else None
+        b = cfg.batching(name)
+        self.linger_s = (b.time_ms if b.time_ms is not None else 1 << 30) / 1000
+        self.max_messages = 1 if b.time_ms == 0 else (b.messages if b.messages is not None else 1 << 62)
+        self.max_bytes = b.bytes if b.bytes is not None else 1 << 62
+
+
+class _Limiter:
+    __slots__ = ("count", "interval_s", "limit", "start")
+
+    def __init__(self, rule: RateLimit) -> None:
+        self.limit = rule.max_count
+        self.interval_s = rule.interval_ms / 1000
+        self.start = time.monotonic()
+        self.count = 0
+
+    def allow(self, now: float) -> bool:
+        if now - self.start >= self.interval_s:
+            self.start = now
+            self.count = 0
+        self.count += 1
+        return self.limit is None or self.count <= self.limit
+
+
+def topic_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a luxun topic, or None (the broker's rules: bigarray's names)."""
+    if len(name) > 255 or len(name.encode()) > 255:
+        return "longer than 255 characters/bytes"
+    if name in (".", ".."):
+        return "reserved"
+    if "/" in name:
+        return "contains '/'"
+    if name.startswith(".luxun"):
+        return "starts with the reserved .luxun"
+    if any(unicodedata.category(ch) in _FORBIDDEN for ch in name):
+        return "contains a control, format, private-use or unassigned character"
+    return None
+
+
+class _Intake:
+    """One input thread's side of the pool and the router queue: it takes pool bytes in
+    blocks of up to ``_CREDIT_BYTES`` (so the pool lock is taken once per block, not per
+    message) and hands messages to the router in chunks."""
+
+    __slots__ = ("agent", "credit", "pending", "transport")
+
+    def __init__(self, agent: Agent, transport: int) -> None:
+        self.agent = agent
+        self.transport = transport
+        self.credit = 0
+        self.pending: list[Fields] = []
+
+    def accept(self, data: bytes) -> None:
+        try:
+            f = parse_fields(data)
+        except Malformed:
+            self.agent.stats.discard(S.MALFORMED, None, sample=data)
+            return
+        except UnsupportedApiKey:
+            self.agent.stats.discard(S.UNSUPPORTED_API_KEY, None, sample=data)
+            return
+        except UnsupportedVersion as exc:
+            self.agent.stats.discard(S.UNSUPPORTED_VERSION, None, sample=data, version=exc.version)
+            return
+        charge = len(data) + MSG_OVERHEAD_BYTES
+        if charge > self.credit:
+            self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
+            if charge > self.credit:
+                self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                return
+        self.credit -= charge
+        self.pending.append(f)
+        if len(self.pending) >= 512:
+            self.flush(idle=False)
+
+    def flush(self, *, idle: bool) -> None:
+        """Hand pending messages to the router; ``idle``: give back unused pool credit."""
+        if self.pending:
+            self.agent._push(self.transport, self.pending)
+            self.pending = []
+        if idle and self.credit:
+            self.agent.pool.free(self.credit)
+            self.credit = 0
+
+
+def charge_of(f: Fields) -> int:
+    """Pool bytes of a message: its Dory size plus MSG_OVERHEAD_BYTES."""
+    return (28 if f[1] is None else 32) + len(f[0]) + len(f[3]) + len(f[4]) + MSG_OVERHEAD_BYTES
+
+
+class _Sender(threading.Thread):
+    def __init__(self, agent: Agent, index: int, address: str) -> None:
+        super().__init__(name=f"luxun-agent-send-{address}", daemon=True)
+        self.agent = agent
+        self.index = index
+        self.address = address
+        self.conn = BrokerConnection(address, timeout_ms=agent.config.broker_timeout_ms,
+                                     connect_timeout_ms=min(agent.config.broker_timeout_ms, 2_000))  # fmt: skip
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: deque[_Batch] = deque()
+        self.in_flight: _Batch | None = None
+        self.down_until = 0.0
+        self.backoff_s = agent.config.retry_backoff_ms / 1000
+        self.ok = 0
+        self.failed = 0
+
+    def put(self, batch: _Batch) -> None:
+        with self.cond:
+            self.queue.append(batch)
+            self.cond.notify()
+
+    def run(self) -> None:
+        agent = self.agent
+        while True:
+            leftovers: list[_Batch] | None
+            with self.cond:
+                while True:
+                    if agent._abandon:
+                        leftovers = list(self.queue)
+                        self.queue.clear()
+                        break
+                    now = time.monotonic()
+                    if self.queue and now >= self.down_until:
+                        leftovers = None
+                        batch = self.in_flight = self.queue.popleft()
+                        break
+                    if agent._senders_stop and not self.queue:
+                        return
+                    self.cond.wait(max(0.001, self.down_until - now) if self.queue else 0.5)
+            if leftovers is not None:
+                for b in leftovers:
+                    agent._settle(b, S.SHUTDOWN)
+                return
+            try:
+                self._send(batch)
+            finally:
+                self.in_flight = None
+
+    def _send(self, batch: _Batch) -> None:
+        agent = self.agent
+        item = agent._pack(batch)
+        try:
+            self.conn.checked("produce", T.ProduceRequest(item=item, topic=batch.topic))
+        except BrokerUnavailableError as exc:
+            self._failed(batch, exc, reroute=True)
+        except MessageSizeTooLargeError as exc:
+            agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {len(item)}-byte pack: {exc}")
+        except BrokerError as exc:
+            if exc.retriable:
+                self._failed(batch, exc, reroute=False)
+            else:
+                agent._refused(batch, S.BROKER_FAILURE, f"broker {self.address} refused a pack: {exc}")
+        except LuxunClientError as exc:  # closed at shutdown
+            self._failed(batch, exc, reroute=True)
+        else:
+            self.ok += 1
+            self.backoff_s = agent.config.retry_backoff_ms / 1000
+            agent.stats.incr("SendProduceRequestOk")
+            agent._settle(batch, None)
+
+    def _failed(self, batch: _Batch, exc: Exception, *, reroute: bool) -> None:
+        agent = self.agent
+        cfg = agent.config
+        self.failed += 1
+        agent.stats.incr("SendProduceRequestFail")
+        batch.attempts += 1
+        agent._log_limited(f"down:{self.address}", f"broker {self.address}: {exc}; backing off {self.backoff_s:.1f} s")
+        with self.cond:
+            self.down_until = time.monotonic() + self.backoff_s
+            self.backoff_s = min(self.backoff_s * 2, cfg.max_retry_backoff_ms / 1000)
+            moved = list(self.queue) if reroute else []
+            if reroute:
+                self.queue.clear()
+        if batch.attempts >= cfg.max_failed_delivery_attempts:
+            agent._settle(batch, S.BROKER_FAILURE)
+        elif reroute:
+            moved.insert(0, batch)
+        else:
+            with self.cond:
+                self.queue.appendleft(batch)
+        if moved:
+            agent._reroute(moved)
+
+
+class Agent:
+    """A Dory-compatible local agent in front of luxun brokers.
+
+    Args:
+        config: the settings; ``config.brokers`` must not be empty.
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        if not config.brokers:
+            raise ValueError("the agent needs at least one broker (--broker host:port)")
+        for c in [config.default_compression, *config.topic_compression.values()]:
+            if c.codec == "snappy" and not snappy_available():
+                raise ValueError("snappy compression is configured but python-snappy is not installed")
+        self.config = config
+        self.pid = os.getpid()
+        self.stats = S.Stats(config.discard_report_interval_s, config.bad_msg_prefix_bytes)
+        self.pool = Pool(config.max_buffer_bytes)
+        self._inq: deque[tuple[int, list[Fields]]] = deque()
+        self._reroutes: deque[_Batch] = deque()
+        self._wake_router = threading.Event()
+        self._stopping = False  # inputs stop reading
+        self._draining = False  # the router sends every batch at once
+        self._senders_stop = False
+        self._abandon = False
+        self._router_done = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        self._threads: list[threading.Thread] = []
+        self._sockets: list[tuple[socket.socket, str | None]] = []
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+        self.senders = [_Sender(self, i, a) for i, a in enumerate(config.brokers)]
+        self._batches: dict[tuple[str, int], _Batch] = {}
+        self._topics: dict[bytes, _TopicState | None] = {}
+        self._topics_epoch = self._seen_epoch = 0
+        self._known_topics: frozenset[str] | None = None
+        self._metadata_event = threading.Event()
+        self.metadata_updated_ms = 0
+        self._rr = 0
+        self.received = [0, 0, 0]
+        self.keys_dropped = 0
+        self.keys_dropped_bytes = 0
+        self._log_times: dict[str, float] = {}
+        self._log_lock = threading.Lock()
+        self.tcp_port: int | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> Agent:
+        """Bind the inputs (replacing old socket files), start every thread.
+
+        Raises:
+            OSError: a socket cannot be bound (the message names the path or port).
+        """
+        cfg = self.config
+        try:
+            if cfg.dgram_path:
+                s = self._unix_socket(cfg.dgram_path, socket.SOCK_DGRAM, cfg.dgram_mode)
+                s.setblocking(False)
+                self._spawn(self._read_datagrams, "dgram", s)
+            if cfg.stream_path:
+                s = self._unix_socket(cfg.stream_path, socket.SOCK_STREAM, cfg.stream_mode)
+                s.listen(128)
+                self._spawn(self._accept_loop, "stream-accept", s, STREAM)
+            if cfg.tcp_port is not None:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", cfg.tcp_port))
+                except OSError as exc:
+                    s.close()
+                    raise OSError(exc.errno, f"cannot listen on TCP 127.0.0.1:{cfg.tcp_port}: {exc.strerror}") from exc
+                s.listen(128)
+                self.tcp_port = s.getsockname()[1]
+                self._sockets.append((s, None))
+                self._spawn(self._accept_loop, "tcp-accept", s, TCP)
+        except OSError:
+            self._close_sockets()
+            raise
+        for sender in self.senders:
+            sender.start()
+        router = threading.Thread(target=self._route_loop, name="luxun-agent-router", daemon=True)
+        router.start()
+        self._router = router
+        if not cfg.topic_autocreate:
+            self._refresh_topics()
+            threading.Thread(target=self._metadata_loop, name="luxun-agent-metadata", daemon=True).start()
+        return self
+
+    def _unix_socket(self, path: str, kind: int, mode: int | None) -> socket.socket:
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                raise OSError(17, f"{path} exists and is not a socket; not replacing it")
+            os.unlink(path)
+        s = socket.socket(socket.AF_UNIX, kind)
+        try:
+            s.bind(path)
+            if mode is not None:
+                os.chmod(path, mode)
+        except OSError as exc:
+            s.close()
+            raise OSError(exc.errno, f"cannot bind {path}: {exc.strerror}") from exc
+        self._sockets.append((s, path))
+        return s
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, name=f"luxun-agent-{name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self, max_delay_ms: int | None = None) -> dict[str, Any]:
+        """Stop reading; deliver what is buffered within ``max_delay_ms`` (default
+        ``shutdownMaxDelay``); discard the rest (``shutdown``). Returns a summary."""
+        delay_s = (self.config.shutdown_max_delay_ms if max_delay_ms is None else max_delay_ms) / 1000
+        deadline = time.monotonic() + delay_s
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        for t in self._threads:
+            t.join(2.0)
+        with self._conns_lock:
+            for c in list(self._conns):
+                with contextlib.suppress(OSError):
+                    c.shutdown(socket.SHUT_RDWR)
+        self._close_sockets()
+        self._draining = True
+        self._wake_router.set()
+        while time.monotonic() < deadline and (self.pool.used > 0 or self._inq):
+            time.sleep(0.01)
+        self._abandon = True
+        self._senders_stop = True
+        self._wake_router.set()
+        for sender in self.senders:
+            with sender.cond:
+                sender.cond.notify_all()
+        self._router.join(2.0)
+        for sender in self.senders:
+            sender.join(max(0.5, min(2.0, self.config.broker_timeout_ms / 1000)))
+            if sender.in_flight is not None:
+                self._settle(sender.in_flight, S.SHUTDOWN)
+            sender.conn.close()
+        self._metadata_event.set()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        return self.summary()
+
+    def _close_sockets(self) -> None:
+        for s, path in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()
+            if path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        self._sockets.clear()
+
+    def summary(self) -> dict[str, Any]:
+        d = self.stats.discards_json()["totals"]
+        return {
+            "received": dict(zip(TRANSPORTS, self.received, strict=True)),
+            "delivered": sum(self.stats.delivered.values()),
+            "discarded": d["by_reason"],
+            "unclean_disconnect_bytes": d["unclean_disconnect_bytes"],
+            "buffered_bytes": self.pool.used,
+        }
+
+    # -- inputs -------------------------------------------------------------------------
+    def _intake(self, transport: int) -> _Intake:
+        return _Intake(self, transport)
+
+    def _push(self, transport: int, chunk: list[Fields]) -> None:
+        self._inq.append((transport, chunk))
+        if not self._wake_router.is_set():
+            self._wake_router.set()
+
+    def _wait_readable(self, s: socket.socket) -> bool:
+        """Block until ``s`` is readable; False when the agent stops."""
+        try:
+            select.select([s.fileno(), self._wake_r], [], [])
+        except (OSError, ValueError):
+            return False
+        return not self._stopping
+
+    def _read_datagrams(self, s: socket.socket) -> None:
+        size = self.config.max_datagram_bytes
+        intake = self._intake(DGRAM)
+        accept = intake.accept
+        rx = batch_receiver(s, size) if os.environ.get("LUXUN_AGENT_RECVMMSG", "1") != "0" else None
+        receive = rx.receive if rx is not None else (lambda: [s.recv(size)])
+        try:
+            while not self._stopping:
+                try:
+                    batch = receive()
+                except BlockingIOError:
+                    intake.flush(idle=True)  # hand over what was read before sleeping
+                    if not self._wait_readable(s):
+                        break
+                    continue
+                except OSError:
+                    break
+                for data in batch:
+                    accept(data)
+        finally:
+            intake.flush(idle=True)
+
+    def _accept_loop(self, s: socket.socket, transport: int) -> None:
+        s.setblocking(False)
+        while not self._stopping:
+            try:
+                conn, _ = s.accept()
+            except BlockingIOError:
+                if not self._wait_readable(s):
+                    break
+                continue
+            except OSError:
+                break
+            self.stats.incr(f"{_STREAM_PREFIX[transport]}AcceptConnection")
+            with self._conns_lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._read_stream, args=(conn, transport), daemon=True,
+                             name=f"luxun-agent-{TRANSPORTS[transport]}-conn").start()  # fmt: skip
+
+    def _read_stream(self, conn: socket.socket, transport: int) -> None:
+        prefix = _STREAM_PREFIX[transport]
+        limit = self.config.max_stream_msg_bytes
+        rest = b""
+        intake = self._intake(transport)
+        accept = intake.accept
+        try:
+            conn.setblocking(True)
+            while not self._stopping:
+                try:
+                    chunk = conn.recv(256 * 1024)
+                except OSError:
+                    break
+                if not chunk:
+                    if rest:
+                        self.stats.unclean_disconnect(TRANSPORTS[transport], len(rest), f"{prefix}UncleanDisconnect")
+                    break
+                data = rest + chunk if rest else chunk
+                n = len(data)
+                pos = 0
+                while n - pos >= 4:
+                    size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
+                    if size < 4:
+                        self.stats.incr(f"{prefix}InvalidSizeField")
+                        self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 4])
+                        return
+                    if size - 4 > limit:
+                        self.stats.incr(f"{prefix}MsgBodyTooLarge")
+                        self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 64])
+                        return
+                    if n - pos < size:
+                        break
+                    accept(data[pos : pos + size])
+                    pos += size
+                rest = data[pos:]
+                intake.flush(idle=False)
+        finally:
+            intake.flush(idle=True)
+            with self._conns_lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    # -- router -------------------------------------------------------------------------
+    def _route_loop(self) -> None:
+        inq = self._inq
+        reroutes = self._reroutes
+        route = self._route_chunk
+        batches = self._batches
+        wake = self._wake_router
+        try:
+            while True:
+                wake.clear()
+                if self._abandon:
+                    self._abandon_router()
+                    return
+                while reroutes:
+                    self._dispatch(reroutes.popleft())
+                n = 0
+                while inq and n < 64:
+                    route(*inq.popleft())
+                    n += 1
+                now = time.monotonic()
+                next_due = now + 0.2
+                for key, b in list(batches.items()):
+                    due = b.created + b.linger_s
+                    if self._draining or due <= now:
+                        del batches[key]
+                        self._dispatch(b)
+                    elif due < next_due:
+                        next_due = due
+                if inq or reroutes:
+                    continue
+                wake.wait(max(0.0005, next_due - now))
+        finally:
+            self._router_done.set()
+
+    def _abandon_router(self) -> None:
+        for b in list(self._batches.values()) + list(self._reroutes):
+            self._settle(b, S.SHUTDOWN)
+        self._batches.clear()
+        self._reroutes.clear()
+        while self._inq:
+            _, chunk = self._inq.popleft()
+            for f in chunk:
+                self.pool.free(charge_of(f))
+                self.stats.discard(S.SHUTDOWN, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+
+    def _topic_state(self, raw: bytes) -> _TopicState | None:
+        """The router's view of a topic, or None for a bad topic (cached)."""
+        if self._topics_epoch != self._seen_epoch:
+            self._topics.clear()
+            self._seen_epoch = self._topics_epoch
+        try:
+            return self._topics[raw]
+        except KeyError:
+            pass
+        state: _TopicState | None = None
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            name = None
+        known = self._known_topics
+        if name is not None and topic_name_problem(name) is None and (known is None or name in known):
+            state = _TopicState(name, self.config)
+        if len(self._topics) >= _TOPIC_CACHE_MAX:
+            self._topics.clear()
+        self._topics[raw] = state
+        return state
+
+    def _route_chunk(self, transport: int, chunk: list[Fields]) -> None:
+        self.received[transport] += len(chunk)
+        cfg = self.config
+        max_pack = cfg.message_max_bytes
+        n_senders = len(self.senders)
+        batches = self._batches
+        topics = self._topics
+        stats = self.stats
+        now = time.monotonic()
+        for f in chunk:
+            raw, pk, ts, key, value = f
+            if key:
+                self.keys_dropped += 1
+                self.keys_dropped_bytes += len(key)
+            st = topics.get(raw) if self._topics_epoch == self._seen_epoch else None
+            if st is None:
+                st = self._topic_state(raw)
+                if st is None:
+                    self.pool.free(charge_of(f))
+                    stats.discard(S.BAD_TOPIC, None, sample=raw)
+                    continue
+            size = len(value) + 4
+            if size + PACK_OVERHEAD_BYTES > max_pack:
+                self.pool.free(charge_of(f))
+                stats.discard(S.TOO_LARGE, st.name, sample=raw + b" " + value[:64], ts_min=ts, ts_max=ts)
+                continue
+            if st.limiter is not None and not st.limiter.allow(now):
+                self.pool.free(charge_of(f))
+                stats.discard(S.RATE_LIMITED, st.name, ts_min=ts, ts_max=ts)
+                continue
+            group = -1 if pk is None else pk % n_senders
+            bkey = (st.name, group)
+            b = batches.get(bkey)
+            if b is not None and b.bytes + size + PACK_OVERHEAD_BYTES > max_pack:
+                del batches[bkey]
+                self._dispatch(b)
+                b = None
+            if b is None:
+                b = batches[bkey] = _Batch(st.name, group, None if group < 0 else group, now, st.linger_s)
+            b.values.append(value)
+            b.bytes += size
+            b.charge += charge_of(f)
+            if ts < b.min_ts:
+                b.min_ts = ts
+            if ts > b.max_ts:
+                b.max_ts = ts
+            if len(b.values) >= st.max_messages or b.bytes >= st.max_bytes:
+                del batches[bkey]
+                self._dispatch(b)
+
+    def _dispatch(self, batch: _Batch) -> None:
+        senders = self.senders
+        n = len(senders)
+        now = time.monotonic()
+        if batch.preferred is not None:
+            start = batch.preferred
+        else:
+            start = self._rr % n
+            self._rr += 1
+        for i in range(n):
+            s = senders[(start + i) % n]
+            if s.down_until <= now:
+                s.put(batch)
+                return
+        min(senders, key=lambda s: s.down_until).put(batch)
+
+    def _reroute(self, batches: list[_Batch]) -> None:
+        self._reroutes.extend(batches)
+        self._wake_router.set()
+
+    # -- delivery outcomes --------------------------------------------------------------
+    def _pack(self, batch: _Batch) -> bytes:
+        cfg = self.config
+        comp = cfg.compression(batch.topic)
+        codec = CODECS[comp.codec]
+        if codec == NO_COMPRESSION:
+            return encode_pack(batch.values)
+        raw = encode_pack(batch.values)
+        if len(raw) < comp.min_size_bytes:
+            return raw
+        packed = encode_pack(batch.values, codec)
+        if len(packed) * 100 > cfg.compression_size_threshold_percent * len(raw):
+            return raw
+        return packed
+
+    def _settle(self, batch: _Batch, reason: str | None) -> None:
+        """Delivered (``reason`` None) or discarded; once per batch."""
+        with self.stats.lock:
+            if batch.settled:
+                return
+            batch.settled = True
+        self.pool.free(batch.charge)
+        if reason is None:
+            self.stats.count_delivered(batch.topic, len(batch.values))
+        else:
+            self.stats.discard(reason, batch.topic, len(batch.values), ts_min=batch.min_ts, ts_max=batch.max_ts)
+
+    def _refused(self, batch: _Batch, reason: str, detail: str) -> None:
+        self._log_limited(f"refused:{batch.topic}", f"discarding {len(batch.values)} messages of {batch.topic!r}: "
+                          f"{detail}")  # fmt: skip
+        self._settle(batch, reason)
+
+    def _log_limited(self, key: str, message: str, interval_s: float = 5.0) -> None:
+        now = time.monotonic()
+        with self._log_lock:
+            if now - self._log_times.get(key, -1e9) < interval_s:
+                return
+            self._log_times[key] = now
+        log.warning("%s", message)
+
+    # -- topics known to brokers (topicAutocreate off) ----------------------------------
+    def _refresh_topics(self) -> None:
+        names: set[str] = set()
+        for address in self.config.brokers:
+            try:
+                with BrokerConnection(address, timeout_ms=self.config.broker_timeout_ms,
+                                      connect_timeout_ms=2_000) as conn:  # fmt: skip
+                    response = conn.checked("listTopics", T.ListTopicsRequest())
+                names.update(str(t.name) for t in response.topics or [])
+            except LuxunClientError as exc:
+                log.warning("listTopics on %s failed: %s", address, exc)
+        self._known_topics = frozenset(names)
+        self._topics_epoch += 1  # the router forgets what it knew of topics
+        self.metadata_updated_ms = int(time.time() * 1000)
+        self.stats.incr("MetadataUpdated")
+
+    def request_metadata_update(self) -> None:
+        """What POST /metadata_update does: read the topic lists again (autocreate off)."""
+        self.stats.incr("MetadataUpdateRequest")
+        self._metadata_event.set()
+
+    def _metadata_loop(self) -> None:
+        while not self._stopping:
+            self._metadata_event.wait(self.config.metadata_refresh_ms / 1000)
+            self._metadata_event.clear()
+            if self._stopping:
+                return
+            self._refresh_topics()
+
+    # -- views --------------------------------------------------------------------------
+    def counters(self) -> dict[str, int]:
+        with self.stats.lock:
+            out = dict(self.stats.counters)
+        for name, n in zip(_FORWARD_COUNTERS, self.received, strict=True):
+            out[name] = n
+        out["AgentKeyDropped"] = self.keys_dropped
+        out["AgentKeyDroppedBytes"] = self.keys_dropped_bytes
+        out["MsgDelivered"] = sum(self.stats.delivered.values())
+        out["PoolBytesUsed"] = self.pool.used
+        out["PoolBytesPeak"] = self.pool.peak
+        out["PoolBytesMax"] = self.pool.capacity
+        return out
+
+    def queues(self) -> dict[str, dict[str, int]]:
+        """topic -> {"batch", "send_wait", "ack_wait"} messages; plus "new" under ""."""
+        out: dict[str, dict[str, int]] = {}
+
+        def add(topic: str, what: str, n: int) -> None:
+            row = out.setdefault(topic, {"batch": 0, "send_wait": 0, "ack_wait": 0})
+            row[what] += n
+
+        for _ in range(5):
+            try:
+                out.clear()
+                for b in list(self._batches.values()):
+                    add(b.topic, "batch", len(b.values))
+                for s in self.senders:
+                    for b in list(s.queue):
+                        add(b.topic, "send_wait", len(b.values))
+                    f = s.in_flight
+                    if f is not None:
+                        add(f.topic, "ack_wait", len(f.values))
+                for b in list(self._reroutes):
+                    add(b.topic, "send_wait", len(b.values))
+                break
+            except RuntimeError:  # changed while copied
+                continue
+        return out
+
+    def brokers(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [{"broker": s.address, "up": s.down_until <= now, "produce_ok": s.ok, "produce_failed": s.failed}
+                for s in self.senders]  # fmt: skip
+
+
+__all__ = ["MSG_OVERHEAD_BYTES", "Agent", "Pool", "topic_name_problem"]
