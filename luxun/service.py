@@ -531,22 +531,15 @@ class QueueHandler:
         name = request.topic
         group = request.fanoutId
         size = 0
+
+        def read(topic: Topic) -> Any:
+            nonlocal size
+            size = topic.queue.size(group) if group else topic.queue.size()
+            return _OK
+
         try:
             validate_name(name, what="topic")
-            result = self._not_exist(name)
-            for _ in range(2):  # a second time if the topic was closed to make room meanwhile
-                topic = self.topics.get(name) or self.topics.open(name)
-                if topic is None:
-                    break
-                try:
-                    size = topic.queue.size(group) if group else topic.queue.size()
-                    result = _OK
-                    break
-                except ArrayClosedError:
-                    continue
-                except InvalidNameError as exc:  # the group's name
-                    result = _invalid_fanout(exc)
-                    break
+            result = self._on_topic(name, read)
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
         except Exception as exc:
@@ -590,44 +583,34 @@ class QueueHandler:
             return T.CommitOffsetResponse(result=self._no_request("commitOffset", "CommitOffsetRequest").to_result())
         t0 = time.perf_counter()
         name, group, index = request.topic, request.fanoutId, request.index
+
+        def commit(topic: Topic) -> Any:
+            holder = self._take_lease(name, group, request.memberId) if request.memberId else None
+            if request.release and request.memberId and index == -1:  # release only
+                if holder is None:
+                    self._release_lease(name, group, request.memberId)
+                return _OK
+            if holder is not None:
+                return InternalError(
+                    f"commit of group {group!r} on topic {name!r} by member {request.memberId!r} refused: "
+                    f"member {holder!r} holds the group on broker {self.broker_id} (this member's lease ran out)"
+                ).to_result()
+            try:
+                topic.queue.commit(group, index)
+            except IndexOutOfRangeError as exc:
+                return _result(
+                    FAILURE,
+                    E.INDEX_OUT_OF_BOUNDS,
+                    f"commit of index {index} for group {group!r} of topic {name!r} refused: outside "
+                    f"[tail, head] = [{exc.tail}, {exc.head - 1}] on broker {self.broker_id}",
+                )
+            if request.release and request.memberId:
+                self._release_lease(name, group, request.memberId)
+            return _OK
+
         try:
             validate_name(name, what="topic")
-            result = self._not_exist(name)
-            for _ in range(2):  # a second time if the topic was closed to make room meanwhile
-                topic = self.topics.get(name) or self.topics.open(name)
-                if topic is None:
-                    break
-                holder = self._take_lease(name, group, request.memberId) if request.memberId else None
-                if request.release and request.memberId and index == -1:  # release only
-                    if holder is None:
-                        self._release_lease(name, group, request.memberId)
-                    result = _OK
-                    break
-                if holder is not None:
-                    result = InternalError(
-                        f"commit of group {group!r} on topic {name!r} by member {request.memberId!r} refused: "
-                        f"member {holder!r} holds the group on broker {self.broker_id} (this member's lease ran out)"
-                    ).to_result()
-                    break
-                try:
-                    topic.queue.commit(group, index)
-                    result = _OK
-                    if request.release and request.memberId:
-                        self._release_lease(name, group, request.memberId)
-                    break
-                except ArrayClosedError:
-                    continue
-                except InvalidNameError as exc:  # the group's name
-                    result = _invalid_fanout(exc)
-                    break
-                except IndexOutOfRangeError as exc:
-                    result = _result(
-                        FAILURE,
-                        E.INDEX_OUT_OF_BOUNDS,
-                        f"commit of index {index} for group {group!r} of topic {name!r} refused: outside "
-                        f"[tail, head] = [{exc.tail}, {exc.head - 1}] on broker {self.broker_id}",
-                    )
-                    break
+            result = self._on_topic(name, commit)
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
         except Exception as exc:
@@ -644,24 +627,17 @@ class QueueHandler:
         t0 = time.perf_counter()
         name, group = request.topic, request.fanoutId
         index, committed = 0, False
+
+        def read(topic: Topic) -> Any:
+            nonlocal index, committed
+            value = topic.queue.committed(group)
+            index = topic.queue.committed_start(group) if value is None else value
+            committed = value is not None
+            return _OK
+
         try:
             validate_name(name, what="topic")
-            result = self._not_exist(name)
-            for _ in range(2):
-                topic = self.topics.get(name) or self.topics.open(name)
-                if topic is None:
-                    break
-                try:
-                    value = topic.queue.committed(group)
-                    index = topic.queue.committed_start(group) if value is None else value
-                    committed = value is not None
-                    result = _OK
-                    break
-                except ArrayClosedError:
-                    continue
-                except InvalidNameError as exc:
-                    result = _invalid_fanout(exc)
-                    break
+            result = self._on_topic(name, read)
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
         except Exception as exc:
@@ -669,6 +645,23 @@ class QueueHandler:
             result = self._internal(exc)
         self.metrics.observe("getCommitted", time.perf_counter() - t0, result.errorCode)
         return T.GetCommittedResponse(result=result, index=index, committed=committed)
+
+    def _on_topic(self, name: str, action: Callable[[Topic], Any]) -> Any:
+        """``action(topic)``'s Result on topic ``name`` (opened if needed): once more if
+        the topic was closed under it to make room (``ArrayClosedError``: nothing was
+        done yet), TOPIC_NOT_EXIST when there is no such topic, and Java's "invalid
+        fanout identifier" for a bad group name. ``name`` is already validated."""
+        for _ in range(2):
+            topic = self.topics.get(name) or self.topics.open(name)
+            if topic is None:
+                break
+            try:
+                return action(topic)
+            except ArrayClosedError:
+                continue
+            except InvalidNameError as exc:  # the group's name
+                return _invalid_fanout(exc)
+        return self._not_exist(name)
 
     def _take_lease(self, name: str, group: str, member: str) -> str | None:
         """Give (or renew) ``member`` the lease on (topic, group); the holder's id when
