@@ -180,13 +180,20 @@ def consume_request(
     max_bytes: int = 0,
     wait_ms: int = 0,
     with_timestamps: bool = False,
+    from_committed: bool = False,
+    member_id: str | None = None,
 ) -> Any:
-    """A ``ConsumeRequest``: by ``index`` (the first item wanted) or by ``group`` (its
-    position; give one of the two). ``max_bytes`` <= 0 asks for one item (the broker
-    always returns at least one if any is there); ``wait_ms`` > 0 long-polls that long
-    for new items; ``with_timestamps`` asks for each item's append time (extensions
-    that original brokers skip)."""
-    if (index is None) == (group is None):
+    """A ``ConsumeRequest`` (the one place clients build them): by ``index`` (the first
+    item wanted) or by ``group`` (its position); give one of the two, except with
+    ``from_committed``: the ``group``'s committed position, moving nothing (``index``,
+    if given, says where to read instead), as member ``member_id``. ``max_bytes`` <= 0
+    asks for one item (the broker always returns at least one if any is there);
+    ``wait_ms`` > 0 long-polls that long for new items; ``with_timestamps`` asks for each
+    item's append time (extensions that original brokers skip)."""
+    if from_committed:
+        if group is None:
+            raise ValueError("a consume request from the committed position needs the group")
+    elif (index is None) == (group is None):
         raise ValueError("a consume request reads by index or by group: give exactly one")
     return T.ConsumeRequest(
         topic=topic,
@@ -195,4 +202,6 @@ def consume_request(
         maxFetchSize=max_bytes,
         maxWaitMs=wait_ms if wait_ms > 0 else None,
         withTimestamps=True if with_timestamps else None,
+        fromCommitted=True if from_committed else None,
+        memberId=member_id,
     )

@@ -42,7 +42,7 @@ from typing import Any
 
 from idl import luxun_thrift as T
 
-from .connection import BrokerConnection, parse_broker_list
+from .connection import BrokerConnection, consume_request, parse_broker_list
 from .errors import (
     AllMessagesConsumedError,
     BrokerError,
@@ -137,15 +137,13 @@ class SimpleConsumer:
     def consume(self, topic: str, group: str, *, max_bytes: int = DEFAULT_FETCH_BYTES, wait_ms: int = 0) -> Fetched:
         """The group's next packs (up to ``max_bytes``; at least one if any is left).
         Returns no messages when the group has read everything (after ``wait_ms``)."""
-        return self._consume(T.ConsumeRequest(topic=topic, fanoutId=group, maxFetchSize=max_bytes,
-                                              maxWaitMs=wait_ms or None), None)  # fmt: skip
+        return self._consume(consume_request(topic, group=group, max_bytes=max_bytes, wait_ms=wait_ms), None)
 
     def consume_by_index(
         self, topic: str, index: int, *, max_bytes: int = DEFAULT_FETCH_BYTES, wait_ms: int = 0
     ) -> Fetched:
         """Packs from ``index`` on; ``next_index`` says where to continue."""
-        return self._consume(T.ConsumeRequest(topic=topic, startIndex=index, maxFetchSize=max_bytes,
-                                              maxWaitMs=wait_ms or None), index)  # fmt: skip
+        return self._consume(consume_request(topic, index=index, max_bytes=max_bytes, wait_ms=wait_ms), index)
 
     def _consume(self, request: Any, index: int | None) -> Fetched:
         try:
@@ -191,8 +189,9 @@ class SimpleConsumer:
         """Packs of the group from its committed position (or from ``start``),
         moving no position; ``next_index`` says where the packs end. A group that
         never committed reads from where it stands (a new group: the tail)."""
-        request = T.ConsumeRequest(topic=topic, fanoutId=group, maxFetchSize=max_bytes, fromCommitted=True,
-                                   startIndex=start, maxWaitMs=wait_ms or None)  # fmt: skip
+        request = consume_request(
+            topic, group=group, index=start, max_bytes=max_bytes, wait_ms=wait_ms, from_committed=True
+        )
         try:
             response = self._conn.checked("consume", request)
         except _NOTHING_YET:
@@ -541,8 +540,13 @@ class StreamConsumer:
 
     def _fetch(self, topic: str, broker: str, queue: _TopicQueue) -> None:
         conn = BrokerConnection(broker, timeout_ms=None)
-        request = T.ConsumeRequest(topic=topic, fanoutId=self.group, maxFetchSize=self._fetch_bytes,
-                                   maxWaitMs=self._wait_ms, withTimestamps=self.with_metadata or None)  # fmt: skip
+        request = consume_request(
+            topic,
+            group=self.group,
+            max_bytes=self._fetch_bytes,
+            wait_ms=self._wait_ms,
+            with_timestamps=self.with_metadata,
+        )
         decode = self._serde.decode
         try:
             while not self._stop.is_set():
@@ -582,8 +586,14 @@ class StreamConsumer:
         """The fetcher of an at-least-once consumer: reads (topic, broker) by index
         from the group's committed position, as the group's member ``member_id``."""
         conn = BrokerConnection(broker, timeout_ms=None)
-        request = T.ConsumeRequest(topic=topic, fanoutId=self.group, maxFetchSize=self._fetch_bytes,
-                                   maxWaitMs=self._wait_ms, fromCommitted=True, memberId=self.member_id)  # fmt: skip
+        request = consume_request(
+            topic,
+            group=self.group,
+            max_bytes=self._fetch_bytes,
+            wait_ms=self._wait_ms,
+            from_committed=True,
+            member_id=self.member_id,
+        )
         tracker = self._trackers[topic]
         state = tracker.brokers[broker]
         decode = self._serde.decode

@@ -333,6 +333,7 @@ def _connection_lost(cause: BaseException | None) -> bool:
 
 
 def _cmd_consume(args: argparse.Namespace) -> int:
+    from clients.connection import consume_request
     from idl import luxun_thrift as T
 
     if args.commit is not None:
@@ -354,14 +355,14 @@ def _cmd_consume(args: argparse.Namespace) -> int:
                 raise CliError(f"consume from {args.topic!r} on {conn.where}: {error}")
             index = response.index
         while not args.max or seen < args.max:
-            request = T.ConsumeRequest(
-                topic=args.topic,
-                fanoutId=args.group,
-                startIndex=index or 0,
+            request = consume_request(
+                args.topic,
+                group=args.group,
+                index=None if args.group else index or 0,
                 # A group's position moves past everything fetched: with --max, fetch one
                 # item per call (maxFetchSize 0) so the group keeps what is not printed.
-                maxFetchSize=0 if args.group and args.max else args.fetch_bytes,
-                maxWaitMs=args.wait_ms or None,
+                max_bytes=0 if args.group and args.max else args.fetch_bytes,
+                wait_ms=args.wait_ms,
             )
             response = conn.call("consume", request)
             result = response.result
@@ -385,6 +386,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
 def _consume_committed(args: argparse.Namespace) -> int:
     """``consume --group G --commit/--no-commit``: read by index from the group's
     committed position; with --commit, commit after each printed batch."""
+    from clients.connection import consume_request
     from idl import luxun_thrift as T
 
     out = sys.stdout.buffer
@@ -393,8 +395,14 @@ def _consume_committed(args: argparse.Namespace) -> int:
     with conn:
         index: int | None = None  # None: from the committed position
         while not args.max or seen < args.max:
-            request = T.ConsumeRequest(topic=args.topic, fanoutId=args.group, startIndex=index, fromCommitted=True,
-                                       maxFetchSize=args.fetch_bytes, maxWaitMs=args.wait_ms or None)  # fmt: skip
+            request = consume_request(
+                args.topic,
+                group=args.group,
+                index=index,
+                max_bytes=args.fetch_bytes,
+                wait_ms=args.wait_ms,
+                from_committed=True,
+            )
             response = conn.call("consume", request)
             result = response.result
             if result.resultCode != T.ResultCode.SUCCESS:
