@@ -60,7 +60,7 @@ def produce_in_steps(broker: Any, topic: str, steps: int, per_step: int) -> list
 
 # -- by time -----------------------------------------------------------------------------
 def test_batch_by_time(spark: Any, shared_brokers: Any, topic: str) -> None:
-    one, two = shared_brokers
+    one, two = sorted(shared_brokers, key=address)  # a < b, as the sorted results list them
     a, b = address(one), address(two)
     ta = produce_in_steps(one, topic, 3, 3)  # indexes 0-2, 3-5, 6-8
     tb = produce_in_steps(two, topic, 2, 2)  # indexes 0-1, 2-3
@@ -119,7 +119,7 @@ def test_max_rows_per_trigger(spark: Any, shared_brokers: Any, topic: str, tmp_p
     """Micro-batches of at most maxRowsPerTrigger rows, shared between two brokers; a
     pack bigger than the limit goes alone; every message exactly once. Then with one-pack
     samples (fetchBytes=1) the estimate from the mean pack size keeps the limit too."""
-    one, two = shared_brokers
+    one, two = sorted(shared_brokers, key=address)  # a < b, as the sorted results list them
     a, b = address(one), address(two)
     sizes_a = [10] * 6 + [40] + [3] * 10
     produce_packs(one, topic, [[f"a{i}-{j}".encode() for j in range(n)] for i, n in enumerate(sizes_a)])
