@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,6 +239,30 @@ class _TopicQueue:
             self.chunks.append(chunk)
             self.cond.notify_all()
 
+    def take(self, timeout_s: float | None, topic: str, record: Callable[[Any], None] | None = None) -> Any:
+        """The next chunk, waiting up to ``timeout_s`` (None: no limit) for one; with
+        ``record``, ``record(chunk)`` runs under the queue's lock (so chunks are recorded
+        in the order they are taken).
+
+        Raises:
+            StopIteration: the consumer closed and every chunk was taken.
+            ConsumerTimeoutError: no chunk within ``timeout_s``.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self.cond:
+            while not self.chunks:
+                if self.finished:
+                    raise StopIteration
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise ConsumerTimeoutError(f"no message on topic {topic!r} for {timeout_s}s")
+                self.cond.wait(remaining)
+            chunk = self.chunks.popleft()
+            if record is not None:
+                record(chunk)
+            self.cond.notify_all()
+        return chunk
+
 
 class MessageStream:
     """An iterator over one topic's messages for a group; many may share a topic.
@@ -260,19 +284,7 @@ class MessageStream:
     def __next__(self) -> Any:
         for message in self._current:
             return message
-        q = self._queue
-        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
-        with q.cond:
-            while not q.chunks:
-                if q.finished:
-                    raise StopIteration
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise ConsumerTimeoutError(f"no message on topic {self.topic!r} for {self._timeout_s}s")
-                q.cond.wait(remaining)
-            chunk = q.chunks.popleft()
-            q.cond.notify_all()
-        self._current = iter(chunk)
+        self._current = iter(self._queue.take(self._timeout_s, self.topic))
         return next(self._current)
 
     def _poll(self, max_messages: int) -> list[Any]:
@@ -385,20 +397,9 @@ class _TrackedStream(MessageStream):
         return values[i]
 
     def _wait_chunk(self) -> None:
-        """Take the next chunk of the topic's queue, waiting as :meth:`MessageStream.__next__`."""
-        q = self._queue
-        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
-        with q.cond:
-            while not q.chunks:
-                if q.finished:
-                    raise StopIteration
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise ConsumerTimeoutError(f"no message on topic {self.topic!r} for {self._timeout_s}s")
-                q.cond.wait(remaining)
-            # Taken and recorded under the queue's lock: packs are recorded in order.
-            self._take(q.chunks.popleft())
-            q.cond.notify_all()
+        """Take the next chunk of the topic's queue, waiting as :meth:`MessageStream.__next__`;
+        taken and recorded under the queue's lock, so packs are recorded in order."""
+        self._queue.take(self._timeout_s, self.topic, self._take)
 
     def _take(self, chunk: tuple[str, int, int, list[Any]]) -> None:
         broker, gen, index, _ = chunk
