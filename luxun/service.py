@@ -537,15 +537,7 @@ class QueueHandler:
             size = topic.queue.size(group) if group else topic.queue.size()
             return _OK
 
-        try:
-            validate_name(name, what="topic")
-            result = self._on_topic(name, read)
-        except InvalidNameError as exc:
-            result = InvalidTopic(name, str(exc)).to_result()
-        except Exception as exc:
-            _limited.exception("getSize", "getSize of %r failed", name)
-            result = self._internal(exc)
-        self.metrics.observe("getSize", time.perf_counter() - t0, result.errorCode)
+        result = self._answer_on_topic("getSize", name, read, t0)
         return T.GetSizeResponse(result=result, size=size)
 
     # -- extensions for tools (listTopics) ---------------------------------------------
@@ -608,15 +600,7 @@ class QueueHandler:
                 self._release_lease(name, group, request.memberId)
             return _OK
 
-        try:
-            validate_name(name, what="topic")
-            result = self._on_topic(name, commit)
-        except InvalidNameError as exc:
-            result = InvalidTopic(name, str(exc)).to_result()
-        except Exception as exc:
-            _limited.exception("commitOffset", "commitOffset on %r failed", name)
-            result = self._internal(exc)
-        self.metrics.observe("commitOffset", time.perf_counter() - t0, result.errorCode)
+        result = self._answer_on_topic("commitOffset", name, commit, t0)
         return T.CommitOffsetResponse(result=result)
 
     def getCommitted(self, request: Any) -> Any:
@@ -635,16 +619,23 @@ class QueueHandler:
             committed = value is not None
             return _OK
 
+        result = self._answer_on_topic("getCommitted", name, read, t0)
+        return T.GetCommittedResponse(result=result, index=index, committed=committed)
+
+    def _answer_on_topic(self, api: str, name: Any, action: Callable[[Topic], Any], t0: float) -> Any:
+        """The Result of ``api`` doing ``action`` on topic ``name``: the name checked
+        (INVALID_TOPIC), :meth:`_on_topic`, any other failure logged (rate-limited) and
+        answered INTERNAL_ERROR; the call counted in the metrics from ``t0``."""
         try:
             validate_name(name, what="topic")
-            result = self._on_topic(name, read)
+            result = self._on_topic(name, action)
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
         except Exception as exc:
-            _limited.exception("getCommitted", "getCommitted on %r failed", name)
+            _limited.exception(api, "%s on %r failed", api, name)
             result = self._internal(exc)
-        self.metrics.observe("getCommitted", time.perf_counter() - t0, result.errorCode)
-        return T.GetCommittedResponse(result=result, index=index, committed=committed)
+        self.metrics.observe(api, time.perf_counter() - t0, result.errorCode)
+        return result
 
     def _on_topic(self, name: str, action: Callable[[Topic], Any]) -> Any:
         """``action(topic)``'s Result on topic ``name`` (opened if needed): once more if
