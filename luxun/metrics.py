@@ -11,6 +11,7 @@ Thread-safety: ``observe`` may be called from any thread (a lock guards the maps
 from __future__ import annotations
 
 import bisect
+import collections
 import errno
 import html
 import json
@@ -20,6 +21,9 @@ import time
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
 
 from .logs import RateLimitedLog
 
@@ -70,6 +74,8 @@ class Metrics:
         #: Kafka port: requests by (API key, version) and error codes answered.
         self.kafka_requests: dict[tuple[int, int], int] = {}
         self.kafka_errors: dict[int, int] = {}
+        #: Kafka consumer groups: name -> state (set by the group coordinator).
+        self.kafka_group_states: Callable[[], dict[str, str]] | None = None
 
     def count_kafka_request(self, api_key: int, version: int) -> None:
         key = (api_key, version)
@@ -146,7 +152,12 @@ class Metrics:
             out.append(f'luxun_kafka_requests_total{{api_key="{api_key}",version="{version}"}} {n}')
         family("luxun_kafka_errors_total", "counter", "Kafka-protocol error codes answered, by code.")
         for code, n in sorted(kafka_errors.items()):
-            out.append(f'luxun_kafka_errors_total{{code="{code}"}} {n}')
+            out.append(f'luxun_kafka_errors_total{{code="{code}",name="{_kafka_error_name(code)}"}} {n}')
+        if self.kafka_group_states is not None:
+            family("luxun_kafka_groups", "gauge", "Kafka consumer groups, by state.")
+            states = collections.Counter(self.kafka_group_states().values())
+            for state, n in sorted(states.items()):
+                out.append(f'luxun_kafka_groups{{state="{state}"}} {n}')
 
         rows = [_topic_row(t) for t in topics]
         per_topic = (
@@ -220,8 +231,36 @@ def status_page(topics: Iterable[Any], metrics: Metrics, title: str) -> str:
             f"<td>{row['head']:,}</td><td>{row['disk'] / 1e6:,.1f}</td><td>{row['items_in']:,}</td>"
             f"<td>{row['items_out']:,}</td><td>{groups}</td></tr>"
         )
-    parts.append("</table></body></html>")
+    parts.append("</table>")
+    with metrics._lock:
+        kafka_requests, kafka_errors = dict(metrics.kafka_requests), dict(metrics.kafka_errors)
+    if kafka_requests:
+        parts.append("<h2>Kafka protocol</h2><table><tr><th>API</th><th>version</th><th>requests</th></tr>")
+        for (api_key, version), n in sorted(kafka_requests.items()):
+            parts.append(f"<tr><td>{html.escape(_kafka_api_name(api_key))}</td><td>{version}</td><td>{n:,}</td></tr>")
+        parts.append("</table><table><tr><th>error</th><th>code</th><th>answered</th></tr>")
+        for code, n in sorted(kafka_errors.items()):
+            parts.append(f"<tr><td>{html.escape(_kafka_error_name(code))}</td><td>{code}</td><td>{n:,}</td></tr>")
+        parts.append("</table>")
+    if metrics.kafka_group_states is not None:
+        group_states = metrics.kafka_group_states()
+        parts.append("<h2>Kafka consumer groups</h2><table><tr><th>group</th><th>state</th></tr>")
+        for name, state in sorted(group_states.items()):
+            parts.append(f"<tr><td>{html.escape(name)}</td><td>{html.escape(state)}</td></tr>")
+        parts.append("</table>")
+    parts.append("</body></html>")
     return "".join(parts)
+
+
+def _kafka_api_name(api_key: int) -> str:
+    return str(api_key_map.get(api_key, api_key))
+
+
+def _kafka_error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return str(code)
 
 
 class _HTTPServer(ThreadingHTTPServer):
