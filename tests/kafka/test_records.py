@@ -471,3 +471,21 @@ def test_a_record_cut_short_in_any_field_is_corrupt() -> None:
         except R.BatchError as err2:
             assert err2.code == R.CORRUPT_MESSAGE, body
     assert R.batch_records(_with_body(record, 1))[0].value == b"value"
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_batches_of_aiokafkas_c_encoder(codec: int) -> None:
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder as AioBuilder
+
+    b = AioBuilder(
+        magic=2, compression_type=codec, is_transactional=0, producer_id=77, producer_epoch=1, base_sequence=0,
+        batch_size=64 << 20,
+    )  # fmt: skip
+    recs = sample(150)
+    for i, (key, value, headers, ts) in enumerate(recs):
+        assert b.append(i, timestamp=ts, key=key, value=value, headers=headers) is not None
+    data = bytes(b.build())
+    [batch] = R.split_batches(data)
+    assert (batch.codec, batch.record_count, batch.producer_id) == (codec, 150, 77)
+    assert [tuple(r) for r in R.batch_records(data)] == reference(data)
+    assert decode_pack(R.batch_to_pack(data)) == [r[1] or b"" for r in recs]
