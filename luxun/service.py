@@ -456,8 +456,8 @@ class QueueHandler:
             assert first is not None
             try:
                 kinds = queue.offset_fields(first, len(items))[1]
-            except IndexOutOfRangeError:  # retention passed them since they were read (rare): as read
-                return items
+            except (IndexOutOfRangeError, ArrayClosedError):  # retention or a close since the read (rare)
+                return items  # as read: the group has moved past them already
             if not kinds.any():
                 return items
             out = items.to_list()
@@ -469,16 +469,16 @@ class QueueHandler:
             return items
         if first is None:  # where the group's dequeue read it: just behind the group, unless another
             assert group is not None  # consumer of the group took an item since; then judge by content
-            index = queue.group_index(group) - 1
             try:
+                index = queue.group_index(group) - 1
                 first = index if queue.get(index) == item else None
-            except IndexOutOfRangeError:
+            except (IndexOutOfRangeError, ArrayClosedError):
                 first = None
         if first is not None:
             try:
                 if queue.item_kind(first) != KIND_KAFKA_BATCH:
                     return items
-            except IndexOutOfRangeError:
+            except (IndexOutOfRangeError, ArrayClosedError):
                 first = None
         return [self._batch_as_pack(name, first, item)]
 

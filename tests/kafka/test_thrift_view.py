@@ -56,6 +56,10 @@ PLAIN_2 = encode_pack([b"thrift three"])
 # A Thrift producer's item that is, byte for byte, a valid Kafka batch: it stays raw.
 LOOKALIKE = kafka_batch([b"not a kafka record"], 0)
 
+# A stored batch gone bad (its crc no longer matches): handed over as stored, and logged.
+BROKEN = bytearray(kafka_batch([b"broken"] * 3, 0))
+BROKEN[-1] ^= 0xFF
+
 # (item, count, kind) in index order, and what a Thrift consumer must read for each
 LAYOUT: list[tuple[bytes, int, int]] = [
     (PLAIN_1, 1, 0),
@@ -66,6 +70,7 @@ LAYOUT: list[tuple[bytes, int, int]] = [
     (control_batch(), 1, KIND_KAFKA_BATCH),
     (LOOKALIKE, 1, 0),
     (kafka_batch(SN, 2), len(SN), KIND_KAFKA_BATCH),
+    (bytes(BROKEN), 3, KIND_KAFKA_BATCH),
 ]
 EXPECTED: list[list[bytes] | bytes] = [
     [b"thrift one", b"thrift two"],
@@ -76,6 +81,7 @@ EXPECTED: list[list[bytes] | bytes] = [
     [],
     LOOKALIKE,  # raw bytes, not a pack
     SN,
+    bytes(BROKEN),
 ]
 
 
@@ -114,13 +120,14 @@ def consume(client: Any, **fields: Any) -> Any:
     return response
 
 
-def test_fetch_by_index_turns_batches_into_packs(client: Any) -> None:
+def test_fetch_by_index_turns_batches_into_packs(client: Any, broker: BrokerProcess) -> None:
     response = consume(client, startIndex=0, maxFetchSize=1 << 20)
     assert len(response.itemList) == len(EXPECTED) and response.lastConsumedIndex == len(EXPECTED) - 1
     for i, (item, want) in enumerate(zip(response.itemList, EXPECTED, strict=True)):
         assert seen(item, want), i
+    assert f"topic 'mixed' item {len(EXPECTED) - 1}: Kafka batch sent to a Thrift consumer as stored" in broker.log()
     part = consume(client, startIndex=4, maxFetchSize=1 << 20, withTimestamps=True)
-    assert part.firstIndex == 4 and len(part.timestampList) == len(part.itemList) == 4
+    assert part.firstIndex == 4 and len(part.timestampList) == len(part.itemList) == len(EXPECTED) - 4
     assert all(seen(item, want) for item, want in zip(part.itemList, EXPECTED[4:], strict=True))
 
 
@@ -150,4 +157,4 @@ def test_from_committed_reads_packs(client: Any) -> None:
     assert client.commitOffset(request).result.resultCode == R.SUCCESS
     response = consume(client, fanoutId="c", fromCommitted=True, maxFetchSize=1 << 20)
     assert all(seen(item, want) for item, want in zip(response.itemList, EXPECTED[4:], strict=True))
-    assert len(response.itemList) == 4
+    assert len(response.itemList) == len(EXPECTED) - 4
