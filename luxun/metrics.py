@@ -67,6 +67,9 @@ class Metrics:
         self.input_buffer_waits = 0
         self.input_buffer_closed = 0
         self.started = time.time()
+        #: The Kafka port's group coordinator (``luxun.kafka.groups.GroupCoordinator``)
+        #: when the broker runs one: its ``group_states()`` and ``rebalances_total``.
+        self.kafka_groups: Any = None
 
     def observe(self, call: str, seconds: float, error_code: int | None, count: int = 1) -> None:
         """Record ``count`` calls that took ``seconds`` each and, when they failed,
@@ -127,6 +130,12 @@ class Metrics:
         out.append(f"luxun_input_buffer_waits_total {self.input_buffer_waits}")
         family("luxun_input_buffer_closed_total", "counter", "Connections closed because the input budget stayed full.")
         out.append(f"luxun_input_buffer_closed_total {self.input_buffer_closed}")
+        if self.kafka_groups is not None:
+            family("luxun_kafka_groups", "gauge", "Kafka consumer groups known to the coordinator, by state.")
+            for state, n in sorted(self.kafka_groups.group_states().items()):
+                out.append(f'luxun_kafka_groups{{state="{state}"}} {n}')
+            family("luxun_kafka_group_rebalances_total", "counter", "Kafka group rebalances completed (generations).")
+            out.append(f"luxun_kafka_group_rebalances_total {self.kafka_groups.rebalances_total}")
 
         rows = [_topic_row(t) for t in topics]
         per_topic = (

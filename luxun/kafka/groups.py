@@ -476,6 +476,7 @@ class GroupCoordinator:
         """A static member joins under a new member id: it takes the old one's place
         (whatever the old id still waits for is answered FENCED_INSTANCE_ID)."""
         old_id = member.member_id
+        old_leader = group.leader
         del group.members[old_id]
         if member.join is not None:
             member.join.result = _join_error(_E.fenced_instance_id, old_id)
@@ -494,7 +495,11 @@ class GroupCoordinator:
             group.pending_sync.add(new_id)
         member.heartbeat_s = now
         if group.state is GroupState.STABLE and member.same_protocols(protocols):
+            # As Kafka: the leader id answered is the old one, so a leader that rejoins does
+            # not take itself for the leader and run an assignment nobody would get
+            # (v9+ says so with skip_assignment).
             result = self._join_result(group, member)
+            result["leader"] = old_leader or ""
             result["skip_assignment"] = group.is_leader(new_id)
             return result
         if group.state is GroupState.EMPTY:

@@ -321,6 +321,7 @@ def test_static_member_rejoining_takes_its_place_without_a_rebalance(coord: Grou
     again = join(coord, instance="consumer-1")  # restarted: no member id
     assert again.error_code == E.none and again.member_id != first.member_id
     assert again.generation_id == 1 and again.skip_assignment  # same generation, no rebalance
+    assert again.leader == first.member_id  # the old id: the client does not run an assignment
     assert coord.describe("g")[0] is GroupState.STABLE
     assert sync(coord, again.member_id, 1, version=3).assignment == b"mine"
     hb = call(coord, HEARTBEAT, 4, group_id="g", generation_id=1, member_id=first.member_id,
@@ -408,3 +409,18 @@ def test_join_and_sync_every_version(coord: GroupCoordinator, version: int) -> N
         call(coord, DESCRIBE, v, groups=[f"v{version}"])
     for v in range(0, 6):
         call(coord, LIST, v)
+
+
+def test_metrics_carry_group_states_and_rebalances(coord: GroupCoordinator) -> None:
+    from luxun.metrics import Metrics
+
+    metrics = Metrics()
+    assert "luxun_kafka_groups" not in metrics.render([])
+    metrics.kafka_groups = coord
+    a = join_new(coord)
+    sync(coord, a.member_id, 1, {})
+    join_new(coord, group="other")
+    text = metrics.render([])
+    assert 'luxun_kafka_groups{state="Stable"} 1' in text
+    assert 'luxun_kafka_groups{state="CompletingRebalance"} 1' in text
+    assert "luxun_kafka_group_rebalances_total 2" in text
