@@ -17,11 +17,12 @@ import functools
 import json
 import logging
 import mmap
+import operator
 import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -48,7 +49,13 @@ _I64 = struct.Struct(">q")
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 _HEAD_TAIL = struct.Struct(">qq")
 _unpack_index_item = _INDEX_ITEM.unpack_from
-_pack_index_item = _INDEX_ITEM.pack_into
+#: Packs a whole index item, aux included (a recovered array may hold stale bytes past
+#: head, so every append writes all 32).
+_pack_index_item = struct.Struct(fmt.INDEX_ITEM_AUX_STRUCT).pack_into
+_U64 = struct.Struct(">Q")
+_unpack_u64 = _U64.unpack_from
+_AUX_OFFSET = fmt.INDEX_AUX_OFFSET
+_OFFSET_MASK = fmt.OFFSET_MASK
 _pack_i64 = _I64.pack_into
 _META_HEAD_OFFSET = fmt.META_HEAD_OFFSET
 #: The data page, offset and length of an index item (what get() needs).
@@ -204,8 +211,11 @@ class BigArray:
             self._index_page: MappedPage | None = None
             self._index_room = 0
             self._last_ts = 1  # timestamps are >= 1: a zero index record was never written
+            #: The offset the next appended record gets (see :attr:`next_offset`).
+            self._next_offset: int = head
             self._recovery = self._recover(recovery_check_items)
             self._data_page_no, self._data_off = self._derive_write_position()
+            self._next_offset = self._derive_next_offset()
             self._delete_pages_below_tail()
         except BaseException as exc:
             self._closed = False
@@ -243,15 +253,41 @@ class BigArray:
         return self._head == self._tail
 
     @property
+    def next_offset(self) -> int:
+        """The record offset the next appended record gets: ``head`` for an array whose
+        items all hold one record (see :mod:`bigarray.format`, record offsets)."""
+        return self._next_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        """The first readable record offset: :meth:`first_offset` of tail
+        (:attr:`next_offset` when the array is empty)."""
+        while True:
+            self._check_open()
+            tail = self._tail
+            try:
+                return self._first_offset(tail)
+            except FileNotFoundError:
+                if self._tail == tail:
+                    raise CorruptArrayError(f"array {self.path}: the index page of tail {tail} is missing") from None
+                # retention moved tail meanwhile: read the new one
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` was called."""
         return self._closed
 
     # -- appending ---------------------------------------------------------------------
-    def append(self, item: bytes | bytearray | memoryview) -> int:
+    def append(self, item: bytes | bytearray | memoryview, count: int = 1, kind: int = 0) -> int:
         """Append one item and return its index.
 
+        ``count`` is how many records the item holds (they get the record offsets
+        [next_offset, next_offset + count)); ``kind`` a tag (0..255) stored with it,
+        read back by :meth:`item_kind`. See :mod:`bigarray.format`, record offsets.
+
         Raises:
+            ValueError: ``count`` < 1, ``kind`` outside 0..255, or the record offsets
+                would pass 2**56 - 1 (nothing appended).
             ItemTooLargeError: the item is larger than a data page.
             DiskFullError: a new page file could not be allocated (nothing appended).
             ArrayClosedError: the array was closed.
@@ -264,12 +300,18 @@ class BigArray:
                 raise self._closed_error()
             if n > self.data_page_size:
                 raise ItemTooLargeError(n, self.data_page_size)
+            idx = self._head
+            if count == 1 and kind == 0 and self._next_offset == idx:
+                aux = 0  # one plain record, no counted item so far: bigqueue's zeros
+                end = idx + 1
+            else:
+                aux = self._aux_for(count, kind)
+                end = aux & _OFFSET_MASK
             page = self._data_page
             if page is None or self._data_off + n > self._data_room:
                 page = self._room_for(n)  # a new page, or more reserved disk space
             off = self._data_off
             page.mm[off : off + n] = item
-            idx = self._head
             slot = idx & _SLOT_MASK
             ipage = self._index_page
             if ipage is None or ipage.page_no != idx >> _PAGE_BITS or slot >= self._index_room:
@@ -278,26 +320,56 @@ class BigArray:
             if ts < self._last_ts:
                 ts = self._last_ts
             self._last_ts = ts
-            _pack_index_item(ipage.mm, slot << _SLOT_BITS, page.page_no, off, n, ts)
+            _pack_index_item(ipage.mm, slot << _SLOT_BITS, page.page_no, off, n, ts, aux)
             if slot == _INDEX_PREFETCH_SLOT and self._prefetch:
                 self._prefetch_index_page(ipage.page_no + 1)
             off += n
             self._data_off = off
             if off > self._prefetch_next_at:
                 self._prefetch_next_page()
+            self._next_offset = end  # before head: see find_offset
             self._head = idx + 1
             _pack_i64(self._meta_page.mm, _META_HEAD_OFFSET, idx + 1)
             return idx
         finally:
             lock.release()
 
-    def append_many(self, items: Iterable[bytes | bytearray | memoryview]) -> int:
+    def _aux_for(self, count: int, kind: int) -> int:
+        """The aux of an item of ``count`` records and kind ``kind`` appended now, when
+        it is not 0 (see append); checks both."""
+        try:
+            count = operator.index(count)
+            kind = operator.index(kind)
+        except TypeError as exc:
+            raise ValueError(f"array {self.path}: count and kind must be integers ({exc})") from None
+        if count < 1:
+            raise ValueError(f"array {self.path}: an item holds at least 1 record, got count {count}")
+        if not 0 <= kind <= fmt.MAX_KIND:
+            raise ValueError(f"array {self.path}: item kind {kind} is outside 0..{fmt.MAX_KIND}")
+        end = self._next_offset + count
+        if end > fmt.MAX_END_OFFSET:
+            raise ValueError(
+                f"array {self.path}: record offsets would pass {fmt.MAX_END_OFFSET} (next offset {self._next_offset}, "
+                f"count {count})"
+            )
+        return fmt.pack_aux(kind, end)
+
+    def append_many(
+        self,
+        items: Iterable[bytes | bytearray | memoryview],
+        counts: Sequence[int] | np.ndarray[Any, Any] | None = None,
+        kind: int = 0,
+    ) -> int:
         """Append items in order, atomically (all or none), and return the first index.
 
         One lock, one copy per data page, index items written in one numpy pass.
-        Returns ``head`` unchanged when ``items`` is empty.
+        Returns ``head`` unchanged when ``items`` is empty. ``counts``: how many records
+        each item holds (ints >= 1, one per item; None: 1 each); ``kind``: the tag
+        (0..255) of every item of the call (see :meth:`append`).
 
         Raises:
+            ValueError: a count < 1, ``counts`` not as long as ``items``, ``kind``
+                outside 0..255, or record offsets past 2**56 - 1 (nothing appended).
             ItemTooLargeError: some item is larger than a data page (nothing appended).
             DiskFullError: a page could not be allocated (nothing appended).
         """
@@ -307,6 +379,7 @@ class BigArray:
             if self._closed:
                 raise self._closed_error()
             first = self._head
+            aux, end = self._batch_aux(first, count, counts, kind)
             if count == 0:
                 return first
             lengths = np.fromiter(map(len, batch), dtype=np.int64, count=count)
@@ -324,6 +397,8 @@ class BigArray:
                     ts = self._last_ts
                 self._last_ts = ts
                 records["timestamp"] = ts
+                if aux is not None:
+                    records["aux"] = aux
                 idx, k = first, 0
                 while k < count:
                     page_no = fmt.index_page_of(idx)
@@ -342,9 +417,54 @@ class BigArray:
                 # Nothing is committed (head did not move); leave no gap behind either.
                 self._restore_write_position(*saved_position)
                 raise
+            self._next_offset = end  # before head: see find_offset
             self._head = first + count
             _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, first + count)
             return first
+
+    def _batch_aux(
+        self, first: int, n: int, counts: Sequence[int] | np.ndarray[Any, Any] | None, kind: int
+    ) -> tuple[np.ndarray[Any, Any] | None, int]:
+        """The aux of each of ``n`` items appended from index ``first`` (None: all 0)
+        and the next offset after them; checks ``counts`` and ``kind``."""
+        nxt = self._next_offset
+        if counts is None and kind == 0 and nxt == first:
+            return None, first + n
+        try:
+            kind = operator.index(kind)
+        except TypeError as exc:
+            raise ValueError(f"array {self.path}: kind must be an integer ({exc})") from None
+        if not 0 <= kind <= fmt.MAX_KIND:
+            raise ValueError(f"array {self.path}: item kind {kind} is outside 0..{fmt.MAX_KIND}")
+        if counts is None:
+            c = np.ones(n, dtype=np.int64)
+        else:
+            c = np.asarray(counts)
+            if c.ndim != 1 or len(c) != n:
+                raise ValueError(f"array {self.path}: {len(c) if c.ndim == 1 else c.shape} counts for {n} items")
+            if n and c.dtype.kind not in "iu":
+                raise ValueError(f"array {self.path}: counts must be integers, got {c.dtype}")
+            if n and int(c.min()) < 1:
+                raise ValueError(f"array {self.path}: an item holds at least 1 record, got count {int(c.min())}")
+        if n == 0:
+            return None, nxt
+        # the sum in Python ints first when an int64 cumsum could overflow
+        total = int(c.sum()) if int(c.max()) <= (1 << 62) // n else sum(c.tolist())
+        if nxt + total > fmt.MAX_END_OFFSET:
+            raise ValueError(
+                f"array {self.path}: record offsets would pass {fmt.MAX_END_OFFSET} (next offset {nxt}, "
+                f"{n} items of {total} records)"
+            )
+        c = c.astype(np.int64)
+        ends = nxt + np.cumsum(c)
+        aux = ends.astype(np.uint64) | np.uint64(kind << fmt.OFFSET_BITS)
+        if kind == 0 and nxt == first:
+            # the leading one-record items before the first counted one stay plain (aux 0)
+            bigger = np.flatnonzero(c != 1)
+            if not bigger.size:
+                return None, nxt + n
+            aux[: int(bigger[0])] = 0
+        return aux, nxt + total
 
     def _place_batch(
         self,
@@ -433,6 +553,156 @@ class BigArray:
     def timestamp(self, index: int) -> int:
         """Append time of the item at ``index``, in ms since the epoch."""
         return self._index_record(index)[3]  # IndexItem.timestamp
+
+    # -- record offsets (see bigarray.format) ----------------------------------------------
+    def end_offset(self, index: int) -> int:
+        """The record offset after the last record of the item at ``index``.
+
+        Raises:
+            IndexOutOfRangeError: ``index`` is outside [tail, head).
+        """
+        return fmt.end_offset_of(index, self._readable_aux(index))
+
+    def first_offset(self, index: int) -> int:
+        """The record offset of the first record of the item at ``index`` (the end
+        offset of the item before it, which may be tail - 1; 0 for index 0).
+
+        Raises:
+            IndexOutOfRangeError: ``index`` is outside [tail, head).
+        """
+        self._check_open()
+        tail, head = self._tail, self._head
+        if not tail <= index < head:
+            raise IndexOutOfRangeError(index, tail, head)
+        try:
+            return self._first_offset(index)
+        except FileNotFoundError:
+            raise IndexOutOfRangeError(index, self._tail, self._head) from None
+
+    def item_kind(self, index: int) -> int:
+        """The kind (0..255) the item at ``index`` was appended with.
+
+        Raises:
+            IndexOutOfRangeError: ``index`` is outside [tail, head).
+        """
+        return fmt.kind_of(self._readable_aux(index))
+
+    def offset_fields(self, start: int, count: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """End offsets (int64) and kinds (uint8) of the ``count`` items from ``start``,
+        read as whole index slices (one numpy pass per index page). The first record
+        offset of item ``start + k`` is ``ends[k - 1]`` (for k = 0: :meth:`first_offset`).
+
+        Raises:
+            IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
+        """
+        self._check_open()
+        if count <= 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8)
+        if start < self._tail or start + count > self._head:
+            raise IndexOutOfRangeError(start if start < self._tail else start + count - 1, self._tail, self._head)
+        parts: list[np.ndarray[Any, Any]] = []
+        idx, end = start, start + count
+        try:
+            while idx < end:
+                slot = fmt.index_slot(idx)
+                m = min(end - idx, fmt.slots_left_in_page(idx))
+                ipage = self._index.acquire(fmt.index_page_of(idx))
+                try:
+                    if ipage.view is None:  # unmapped by close() in another thread
+                        raise self._closed_error()
+                    parts.append(ipage.view[slot : slot + m]["aux"].astype(np.uint64))
+                finally:
+                    self._index.release(ipage)
+                idx += m
+        except FileNotFoundError:
+            raise IndexOutOfRangeError(start, self._tail, self._head) from None
+        aux = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        plain = np.arange(start + 1, end + 1, dtype=np.int64)
+        ends = np.where(aux == 0, plain, (aux & np.uint64(fmt.OFFSET_MASK)).astype(np.int64))
+        kinds = (aux >> np.uint64(fmt.OFFSET_BITS)).astype(np.uint8)
+        return ends, kinds
+
+    def find_offset(self, offset: int) -> int:
+        """The index of the item holding record ``offset``: the smallest index i in
+        [tail, head) with ``end_offset(i) > offset``; head when ``offset >=
+        next_offset``; tail when ``offset`` is below :attr:`log_start_offset`.
+
+        A binary search: O(log(head - tail)) index reads (none for an array whose
+        items all hold one record).
+        """
+        while True:
+            self._check_open()
+            # head before next offset: the writer sets next offset first, so an item
+            # below this head never holds a record at or past the next offset read here
+            head = self._head
+            nxt = self._next_offset
+            if offset >= nxt:
+                return head
+            tail = self._tail
+            if tail >= head:
+                return head
+            if nxt == head:
+                return max(tail, offset)  # every item holds one record: end_offset(i) = i + 1
+            try:
+                return tail + bisect.bisect_right(range(tail, head), offset, key=self._end_offset_raw)
+            except FileNotFoundError:
+                if self._tail == tail:
+                    raise
+                # retention moved tail (and deleted its pages) meanwhile: search again
+
+    def _end_offset_raw(self, index: int) -> int:
+        return fmt.end_offset_of(index, self._aux(index))
+
+    def _first_offset(self, index: int) -> int:
+        """:meth:`first_offset` of an index in [tail, head] (head: the next offset),
+        unchecked. Raises FileNotFoundError when the item before is gone and index is
+        not tail (or the array has no item there to fall back on)."""
+        if index == 0:
+            return 0
+        try:
+            return fmt.end_offset_of(index - 1, self._aux(index - 1))
+        except FileNotFoundError:
+            if index != self._tail:
+                raise
+        # item tail - 1 is gone (an array trimmed by Java, which writes one record per item)
+        if index < self._head:
+            return fmt.end_offset_of(index, self._aux(index)) - 1
+        return self._next_offset
+
+    def _readable_aux(self, index: int) -> int:
+        """aux of a readable index (in [tail, head))."""
+        self._check_open()
+        if not self._tail <= index < self._head:
+            raise IndexOutOfRangeError(index, self._tail, self._head)
+        try:
+            return self._aux(index)
+        except FileNotFoundError:
+            raise IndexOutOfRangeError(index, self._tail, self._head) from None
+
+    def _aux(self, index: int) -> int:
+        """aux of index item ``index``, unchecked (any index whose index page exists).
+
+        Raises:
+            FileNotFoundError: its index page is gone.
+        """
+        ipage = self._read_index_page  # the fast path of get(): see there
+        if ipage.page_no == index >> _PAGE_BITS:
+            try:
+                fast: int = _unpack_u64(ipage.mm, ((index & _SLOT_MASK) << _SLOT_BITS) + _AUX_OFFSET)[0]
+                return fast
+            except ValueError:
+                pass
+        self._check_open()
+        page = self._index.acquire(fmt.index_page_of(index))
+        try:
+            aux: int = _unpack_u64(page.mm, fmt.index_slot_offset(index) + _AUX_OFFSET)[0]
+        except ValueError:
+            raise self._closed_error() from None
+        finally:
+            self._index.release(page)
+        if not self._closed:
+            self._read_index_page = page
+        return aux
 
     def timestamps(self, start: int, count: int) -> list[int]:
         """Append times (ms) of the ``count`` items from ``start``, read as whole index
@@ -904,6 +1174,20 @@ class BigArray:
         existing = self._data.page_numbers()
         return (existing[-1] + 1 if existing else 0), 0
 
+    def _derive_next_offset(self) -> int:
+        """The next record offset: the end offset of item head - 1 (head when that
+        index item is gone: an array emptied and trimmed by Java, whose items all hold
+        one record)."""
+        head = self._head
+        if head == 0:
+            return 0
+        try:
+            with self._index.using(fmt.index_page_of(head - 1)) as page:
+                aux: int = _unpack_u64(page.mm, fmt.index_slot_offset(head - 1) + _AUX_OFFSET)[0]
+        except FileNotFoundError:
+            return head
+        return fmt.end_offset_of(head - 1, aux)
+
     def _raw_index_item(self, index: int) -> IndexItem:
         with self._index.using(fmt.index_page_of(index)) as page:
             return _index_item_of(_unpack_index_item(page.mm, fmt.index_slot_offset(index)))
@@ -972,6 +1256,13 @@ class BigArray:
             stamps = rec["timestamp"].astype(np.int64)
             # Every append writes a timestamp >= 1, so 0 marks a record never written.
             ok = (pages >= 0) & (offsets >= 0) & (lengths >= 0) & (offsets + lengths <= page_sizes) & (stamps > 0)
+            # End offsets: at least index + 1 (no item holds fewer than one record) and
+            # increasing strictly (an aux of 0 after a counted item is damage too).
+            aux = rec["aux"].astype(np.uint64)
+            indexes = np.arange(start + 1, start + 1 + len(rec), dtype=np.int64)
+            ends = np.where(aux == 0, indexes, (aux & np.uint64(fmt.OFFSET_MASK)).astype(np.int64))
+            ok &= ends >= indexes
+            ok[1:] &= ends[1:] > ends[:-1]
             # Consecutive items follow each other in a page, or the next starts a later page.
             same_page = pages[1:] == pages[:-1]
             follows = np.where(
@@ -986,8 +1277,10 @@ class BigArray:
         return first_bad
 
     def _delete_pages_below_tail(self) -> None:
-        """Delete index and data pages that hold only items below tail."""
+        """Delete the index pages that hold only items below tail - 1 and the data
+        pages that hold only items below tail."""
         tail = self._tail
-        self._index.delete_pages_before(fmt.index_page_of(tail))
+        # the index item of tail - 1 stays: first_offset(tail) is its end offset
+        self._index.delete_pages_before(fmt.index_page_of(max(tail - 1, 0)))
         first_data_page = self._index_item(tail).page if tail < self._head else self._data_page_no
         self._data.delete_pages_before(first_data_page)

@@ -8,8 +8,9 @@ bigqueue's FanOutQueueImpl, and is written before the items are returned
 hands them out twice).
 
 Committed positions (at-least-once groups): :meth:`FanoutQueue.commit` stores a
-group's committed index in ``committed_<group>/page-0.dat`` (8 bytes, big-endian,
-written through an mmap as the group's position is, so it survives a crash of the
+group's committed index in ``committed_<group>/page-0.dat`` (16 bytes, big-endian: the
+index, then the committed record offset + 1 or 0, see :mod:`bigarray.format`; written
+through an mmap in one copy as the group's position is, so it survives a crash of the
 process once the call returns) and moves the group's position there too (so
 :meth:`size`, :meth:`cleanup` and lag reports count from it). A group that has
 committed once is an *at-least-once group*: it is read by index from its committed
@@ -31,7 +32,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -46,6 +47,8 @@ from .page import MappedPage, PageFactory
 log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
+#: The committed page: index, record offset + 1 (0: none).
+_COMMITTED = struct.Struct(">qq")
 _pack_i64 = _I64.pack_into
 _R = TypeVar("_R", list[bytes], tuple[np.ndarray[Any, Any], bytes])
 
@@ -68,7 +71,19 @@ class _Group:
     """A consumer group: its lock and its position, kept in memory (``index``) and in
     its page (written by :meth:`move`)."""
 
-    __slots__ = ("cfactory", "closed", "cmm", "committed", "factory", "index", "lock", "mm", "name", "page")
+    __slots__ = (
+        "cfactory",
+        "closed",
+        "cmm",
+        "committed",
+        "committed_offset",
+        "factory",
+        "index",
+        "lock",
+        "mm",
+        "name",
+        "page",
+    )
 
     def __init__(self, name: str, folder: str) -> None:
         self.name = name
@@ -81,6 +96,8 @@ class _Group:
         self.index: int = _I64.unpack_from(self.mm, 0)[0]
         #: The committed index (None: the group never committed) and its page.
         self.committed: int | None = None
+        #: The committed record offset (None: the last commit gave none).
+        self.committed_offset: int | None = None
         self.cfactory: PageFactory | None = None
         self.cmm: Any = None
         committed_folder = os.path.join(os.path.dirname(folder), fmt.COMMITTED_DIR_PREFIX + name)
@@ -91,13 +108,16 @@ class _Group:
         """Open (create) the committed position's page; a new one holds 0."""
         self.cfactory = PageFactory(folder, fmt.COMMITTED_PAGE_SIZE, max_cached_pages=1)
         self.cmm = self.cfactory.acquire(0, create=True).mm
-        self.committed = _I64.unpack_from(self.cmm, 0)[0]
-
-    def commit(self, index: int) -> None:
-        """Save ``index`` as the committed position (one 8-byte copy into the mapped
-        page), then move the group's position there too."""
-        self.cmm[0:8] = _I64.pack(index)
+        index, offset_plus_1 = _COMMITTED.unpack_from(self.cmm, fmt.COMMITTED_INDEX_OFFSET)
         self.committed = index
+        self.committed_offset = offset_plus_1 - 1 if offset_plus_1 > 0 else None
+
+    def commit(self, index: int, offset: int | None = None) -> None:
+        """Save ``index`` (and ``offset``, or none) as the committed position (one
+        16-byte copy into the mapped page), then move the group's position there too."""
+        self.cmm[0 : _COMMITTED.size] = _COMMITTED.pack(index, 0 if offset is None else offset + 1)
+        self.committed = index
+        self.committed_offset = offset
         self.move(index)
 
     def move(self, index: int) -> None:
@@ -167,20 +187,26 @@ class FanoutQueue:
                     )
                     group.move(self.array.head)
                 if group.committed is not None and group.committed > self.array.head:
-                    group.commit(self.array.head)
+                    offset = group.committed_offset
+                    group.commit(self.array.head, None if offset is None else min(offset, self.array.next_offset))
                 self._groups[name] = group
         except BaseException:
             self.close()
             raise
 
     # -- appending and array passthrough ------------------------------------------------
-    def enqueue(self, item: bytes | bytearray | memoryview) -> int:
-        """Append one item; return its index."""
-        return self.array.append(item)
+    def enqueue(self, item: bytes | bytearray | memoryview, count: int = 1, kind: int = 0) -> int:
+        """Append one item; return its index. See :meth:`BigArray.append`."""
+        return self.array.append(item, count, kind)
 
-    def enqueue_many(self, items: Iterable[bytes | bytearray | memoryview]) -> int:
-        """Append items atomically; return the first index."""
-        return self.array.append_many(items)
+    def enqueue_many(
+        self,
+        items: Iterable[bytes | bytearray | memoryview],
+        counts: Sequence[int] | np.ndarray[Any, Any] | None = None,
+        kind: int = 0,
+    ) -> int:
+        """Append items atomically; return the first index. See :meth:`BigArray.append_many`."""
+        return self.array.append_many(items, counts, kind)
 
     @property
     def head(self) -> int:
@@ -222,6 +248,37 @@ class FanoutQueue:
     def timestamps(self, start: int, count: int) -> list[int]:
         """See :meth:`BigArray.timestamps`."""
         return self.array.timestamps(start, count)
+
+    # -- record offsets (see bigarray.format) ----------------------------------------------
+    @property
+    def next_offset(self) -> int:
+        """See :attr:`BigArray.next_offset`."""
+        return self.array.next_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        """See :attr:`BigArray.log_start_offset`."""
+        return self.array.log_start_offset
+
+    def end_offset(self, index: int) -> int:
+        """See :meth:`BigArray.end_offset`."""
+        return self.array.end_offset(index)
+
+    def first_offset(self, index: int) -> int:
+        """See :meth:`BigArray.first_offset`."""
+        return self.array.first_offset(index)
+
+    def item_kind(self, index: int) -> int:
+        """See :meth:`BigArray.item_kind`."""
+        return self.array.item_kind(index)
+
+    def offset_fields(self, start: int, count: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """See :meth:`BigArray.offset_fields`."""
+        return self.array.offset_fields(start, count)
+
+    def find_offset(self, offset: int) -> int:
+        """See :meth:`BigArray.find_offset`."""
+        return self.array.find_offset(offset)
 
     # -- groups ------------------------------------------------------------------------
     def dequeue(self, group: str) -> bytes | None:
@@ -393,23 +450,28 @@ class FanoutQueue:
                 shutil.rmtree(os.path.join(self.path, fmt.COMMITTED_DIR_PREFIX + group), ignore_errors=True)
 
     # -- committed positions (at-least-once groups) --------------------------------------
-    def commit(self, group: str, index: int) -> None:
+    def commit(self, group: str, index: int, offset: int | None = None) -> None:
         """Commit ``index`` (tail <= index <= head) as the group's position: the next
         index it will read from its committed position. Creates the group if needed;
         from then on the group is an at-least-once group (see the module docstring).
-        Saved in the group's committed page before the call returns (survives a crash
-        of the process).
+        ``offset``: the exact record offset committed (a Kafka commit may point inside
+        an item), kept beside the index for :meth:`committed_offset`; a commit without
+        one clears it. Both are saved in the group's committed page, in one copy,
+        before the call returns (survives a crash of the process).
 
         Raises:
             IndexOutOfRangeError: ``index`` is below tail or beyond head.
+            ValueError: ``offset`` is negative or past 2**63 - 2.
         """
+        if offset is not None and not 0 <= offset < (1 << 63) - 1:
+            raise ValueError(f"queue {self.path}: committed offset {offset} of group {group!r} is out of range")
         with self._locked_group(group) as g:
             tail, head = self.array.tail, self.array.head
             if not tail <= index <= head:
                 raise IndexOutOfRangeError(index, tail, head + 1)
             if g.cmm is None:
                 g.open_committed(os.path.join(self.path, fmt.COMMITTED_DIR_PREFIX + group))
-            g.commit(index)
+            g.commit(index, offset)
 
     def committed(self, group: str) -> int | None:
         """The group's committed index, or None if it never committed."""
@@ -417,6 +479,14 @@ class FanoutQueue:
         validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
         g = self._groups.get(group)
         return None if g is None else g.committed
+
+    def committed_offset(self, group: str) -> int | None:
+        """The record offset of the group's last commit, or None if it never
+        committed, or its last commit gave no offset."""
+        self._check_open()
+        validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+        g = self._groups.get(group)
+        return None if g is None else g.committed_offset
 
     def committed_start(self, group: str) -> int:
         """Where the group reads from its committed position: the committed index,

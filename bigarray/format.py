@@ -9,13 +9,35 @@ Layout of an array directory ``<path>/``::
     data/page-<N>.dat         data pages; N increases monotonically
     meta_data/page-0.dat      16 bytes: head i64 (next index), tail i64 (first index)
     front_index_<group>/page-0.dat   8 bytes: the group's next index (FanoutQueue)
-    committed_<group>/page-0.dat     8 bytes: the group's committed index (FanoutQueue.commit);
-                              only for groups that commit; bigqueue and Java Luxun never look
+    committed_<group>/page-0.dat     16 bytes: the group's committed index i64 at 0
+                              (FanoutQueue.commit), then the committed record offset + 1
+                              i64 at 8 (0: committed without an offset); only for groups
+                              that commit; bigqueue and Java Luxun never look. A page of
+                              8 bytes (written before offsets existed) is extended with
+                              zeros when opened: an index without an offset.
     bigarray.json             our extras (format version, data page size); Java ignores it
 
 Index item, 32 bytes::
 
-    data page number i64 | offset in page i32 | length i32 | append time ms i64 | 8 zero bytes
+    data page number i64 | offset in page i32 | length i32 | append time ms i64 | aux u64
+
+Record offsets (``aux``, the last 8 bytes, zero in bigqueue's own items). An item
+holds one or more *records* (a Kafka record batch is stored as one item), numbered
+consecutively from 0 across the array: item i holds records
+[first_offset(i), end_offset(i)), first_offset(i) = end_offset(i - 1) (0 for item 0).
+``aux`` is 0, or ``(kind << 56) | end_offset`` with end_offset (56 bits, >= 1) the
+offset after the item's last record and kind (0..255) a tag the caller chooses
+(luxun: 0 a plain Luxun item, 1 a Kafka record batch). ``aux == 0`` means one record
+and end_offset(i) = i + 1: every item Java Luxun, bigqueue or bigarray before offsets
+wrote. The writer writes 0 exactly when kind is 0, the item holds one record and no
+item so far held more than one (next offset == the item's index), so an array that
+never sees a count or a kind stays byte-for-byte bigqueue's. Once an item held more
+records, every later item carries its full ``aux``. End offsets increase strictly
+(recovery treats an item breaking that as damage). The next offset is not stored: on
+open it is end_offset(head - 1). Retention keeps the index item of tail - 1 (index
+pages are deleted only when every item in them is below tail - 1) so that
+first_offset(tail) can be read; where it is gone anyway (an array trimmed by Java),
+first_offset(tail) is taken as end_offset(tail) - 1 (Java writes one record per item).
 
 What survives a crash: an append copies the data, then writes the index item, then
 advances head in the meta page. Head is the commit point and readers never look past
@@ -80,9 +102,12 @@ INDEX_DIR = "index"
 DATA_DIR = "data"
 META_DIR = "meta_data"
 FRONT_DIR_PREFIX = "front_index_"
-#: A fanout group's committed position (at-least-once groups): index i64 at 0.
+#: A fanout group's committed position (at-least-once groups): index i64 at 0,
+#: record offset + 1 i64 at 8 (0: no offset committed).
 COMMITTED_DIR_PREFIX = "committed_"
-COMMITTED_PAGE_SIZE = 8
+COMMITTED_PAGE_SIZE = 16
+COMMITTED_INDEX_OFFSET = 0
+COMMITTED_RECORD_OFFSET = 8
 EXTRAS_FILE = "bigarray.json"
 FORMAT_VERSION = 1
 
@@ -96,13 +121,25 @@ INDEX_DTYPE = np.dtype(
         ("offset", ">i4"),
         ("length", ">i4"),
         ("timestamp", ">i8"),
-        ("reserved", "V8"),
+        ("aux", ">u8"),
     ]
 )
 assert INDEX_DTYPE.itemsize == INDEX_ITEM_SIZE
 
 #: struct format of the first 24 bytes of an index item.
 INDEX_ITEM_STRUCT = ">qiiq"
+#: struct format of a whole index item (the first 24 bytes, then aux).
+INDEX_ITEM_AUX_STRUCT = ">qiiqQ"
+#: Byte offset of aux in an index item.
+INDEX_AUX_OFFSET = 24
+#: Bits of aux holding the end offset; the kind is above them.
+OFFSET_BITS = 56
+#: Mask of the end offset in aux.
+OFFSET_MASK = (1 << OFFSET_BITS) - 1
+#: Largest end offset aux can hold.
+MAX_END_OFFSET = OFFSET_MASK
+#: Largest item kind.
+MAX_KIND = 255
 
 
 def page_file_name(page_no: int) -> str:
@@ -156,3 +193,18 @@ def first_index_of_page(page_no: int) -> int:
 def slots_left_in_page(index: int) -> int:
     """How many index items fit in ``index``'s index page from ``index`` on."""
     return INDEX_ITEMS_PER_PAGE - (index & INDEX_SLOT_MASK)
+
+
+def pack_aux(kind: int, end_offset: int) -> int:
+    """The aux of an item of kind ``kind`` whose records end at ``end_offset``."""
+    return (kind << OFFSET_BITS) | end_offset
+
+
+def end_offset_of(index: int, aux: int) -> int:
+    """End offset (the offset after its last record) of item ``index`` whose aux is ``aux``."""
+    return index + 1 if aux == 0 else aux & OFFSET_MASK
+
+
+def kind_of(aux: int) -> int:
+    """Kind of an item whose aux is ``aux`` (0 for aux 0)."""
+    return aux >> OFFSET_BITS

@@ -222,60 +222,41 @@ class InputBudget:
             self._cond.notify_all()
 
 
-class ThriftServer:
-    """Serves a thriftpy2 service on ``host:port`` (``port=0`` picks a free one).
+class TcpServer:
+    """What every luxun door has: a listener on ``host:port``, one thread per
+    connection, the broker-wide input budget and the accept loop that survives running
+    out of descriptors. A subclass sets ``max_frame_bytes`` and implements
+    :meth:`_read_frames` (read and answer one connection's requests until it closes).
 
     Args:
-        service: the thriftpy2 service (``luxun_thrift.QueueService``).
-        handler: the object implementing it.
-        max_frame_bytes: largest frame accepted; bigger ones close the connection.
         max_connections: connections beyond this are closed at once (and counted).
         max_buffered_bytes: the :class:`InputBudget` of all connections' receive
             buffers (default ``DEFAULT_MAX_BUFFERED_BYTES``, at least twice
             ``max_frame_bytes``).
         budget_wait_s: how long a connection waits for input budget before it is closed.
-        on_stop: called after the last connection finished, before ``stop`` returns.
+        name: the prefix of the server's thread names.
     """
+
+    max_frame_bytes: int
 
     def __init__(
         self,
-        service: Any,
-        handler: Any,
         host: str,
         port: int,
         *,
-        max_frame_bytes: int,
         max_connections: int = 10_000,
         metrics: Metrics | None = None,
         max_buffered_bytes: int | None = None,
         budget_wait_s: float = DEFAULT_BUDGET_WAIT_S,
+        name: str = "luxun",
     ) -> None:
-        self._processor = TProcessor(service, handler)
-        self._handler = handler
-        # Per method: args class, result class, oneway, argument names, required fields.
-        self._methods: dict[str, tuple[Any, Any, bool, tuple[str, ...], Any]] = {}
-        for api in service.thrift_services:
-            args_cls, result_cls = getattr(service, api + "_args"), getattr(service, api + "_result")
-            names = tuple(entry[1] for entry in args_cls.thrift_spec.values())
-            oneway = bool(getattr(result_cls, "oneway", False))
-            self._methods[api] = (args_cls, result_cls, oneway, names, required_fields(args_cls))
-        # The consume fast path, when the service has ``consume`` and the handler
-        # ``consume_for_wire`` (QueueService and QueueHandler do).
-        self._consume_args: Any = getattr(service, "consume_args", None)
-        self._consume_for_wire: Any = getattr(handler, "consume_for_wire", None) if self._consume_args else None
-        # ... and its request struct, built from the fields a canonical consume frame
-        # carries (wire.parse_consume_call): no check_frame walk, no generic decoding.
-        spec = getattr(self._consume_args, "thrift_spec", {}).get(1) if self._consume_args else None
-        self._consume_request: Any = spec[2] if spec and len(spec) > 2 and isinstance(spec[2], type) else None
-        # The produce fast path, when the handler has the batch-aware entry points.
-        self._fast_produce = hasattr(handler, "produce_item") and hasattr(handler, "async_produce_many")
-        self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
         self.metrics = metrics or Metrics()
         if max_buffered_bytes is None:
-            max_buffered_bytes = max(DEFAULT_MAX_BUFFERED_BYTES, 2 * max_frame_bytes)
+            max_buffered_bytes = max(DEFAULT_MAX_BUFFERED_BYTES, 2 * self.max_frame_bytes)
         self._budget = InputBudget(max_buffered_bytes, self.metrics)
         self.budget_wait_s = budget_wait_s
+        self._name = name
         self._stopping = threading.Event()
         self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
         #: Threads holding received bytes they have not processed yet (see input_pending).
@@ -290,7 +271,7 @@ class ThriftServer:
         # Closed to make room for accepting (and closing) a connection when out of
         # descriptors; see _accept_on_reserve.
         self._reserve_fd: int | None = _open_reserve_fd()
-        self._accept_thread = threading.Thread(target=self._accept_loop, name="luxun-accept", daemon=True)
+        self._accept_thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
 
     def start(self) -> None:
         """Start accepting connections (returns at once)."""
@@ -411,7 +392,9 @@ class ThriftServer:
             return
         threading.stack_size(_THREAD_STACK_BYTES)
         try:
-            thread = threading.Thread(target=self._serve, args=(sock, peer), name=f"luxun-conn-{peer}", daemon=True)
+            thread = threading.Thread(
+                target=self._serve, args=(sock, peer), name=f"{self._name}-conn-{peer}", daemon=True
+            )
         finally:
             threading.stack_size(old_stack)
         with self._conns_lock:
@@ -447,6 +430,84 @@ class ThriftServer:
             self.metrics.connections_open -= 1
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def _read_frames(self, sock: socket.socket, peer: Any) -> None:
+        raise NotImplementedError
+
+    def input_pending(self) -> bool:
+        """True while another connection holds bytes it has not processed yet: in its
+        buffer (from the ``recv`` that returned them until the next one) or still in
+        the kernel's receive queue. Cost: a poll over the open connections, so only
+        for rare paths (a consume of a topic that does not exist, see QueueHandler).
+        """
+        me = threading.get_ident()
+        if any(ident != me for ident in tuple(self._busy)):
+            return True
+        with self._conns_lock:
+            socks = [sock for sock, thread in self._conns.values() if thread.ident != me]
+        poller = select.poll()
+        for sock in socks:
+            with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+                poller.register(sock, select.POLLIN)
+        return any(events & select.POLLIN for _, events in poller.poll(0))
+
+
+class ThriftServer(TcpServer):
+    """Serves a thriftpy2 service on ``host:port`` (``port=0`` picks a free one).
+
+    Args:
+        service: the thriftpy2 service (``luxun_thrift.QueueService``).
+        handler: the object implementing it.
+        max_frame_bytes: largest frame accepted; bigger ones close the connection.
+        max_connections: connections beyond this are closed at once (and counted).
+        max_buffered_bytes: the :class:`InputBudget` of all connections' receive
+            buffers (default ``DEFAULT_MAX_BUFFERED_BYTES``, at least twice
+            ``max_frame_bytes``).
+        budget_wait_s: how long a connection waits for input budget before it is closed.
+        on_stop: called after the last connection finished, before ``stop`` returns.
+    """
+
+    def __init__(
+        self,
+        service: Any,
+        handler: Any,
+        host: str,
+        port: int,
+        *,
+        max_frame_bytes: int,
+        max_connections: int = 10_000,
+        metrics: Metrics | None = None,
+        max_buffered_bytes: int | None = None,
+        budget_wait_s: float = DEFAULT_BUDGET_WAIT_S,
+    ) -> None:
+        self._processor = TProcessor(service, handler)
+        self._handler = handler
+        # Per method: args class, result class, oneway, argument names, required fields.
+        self._methods: dict[str, tuple[Any, Any, bool, tuple[str, ...], Any]] = {}
+        for api in service.thrift_services:
+            args_cls, result_cls = getattr(service, api + "_args"), getattr(service, api + "_result")
+            names = tuple(entry[1] for entry in args_cls.thrift_spec.values())
+            oneway = bool(getattr(result_cls, "oneway", False))
+            self._methods[api] = (args_cls, result_cls, oneway, names, required_fields(args_cls))
+        # The consume fast path, when the service has ``consume`` and the handler
+        # ``consume_for_wire`` (QueueService and QueueHandler do).
+        self._consume_args: Any = getattr(service, "consume_args", None)
+        self._consume_for_wire: Any = getattr(handler, "consume_for_wire", None) if self._consume_args else None
+        # ... and its request struct, built from the fields a canonical consume frame
+        # carries (wire.parse_consume_call): no check_frame walk, no generic decoding.
+        spec = getattr(self._consume_args, "thrift_spec", {}).get(1) if self._consume_args else None
+        self._consume_request: Any = spec[2] if spec and len(spec) > 2 and isinstance(spec[2], type) else None
+        # The produce fast path, when the handler has the batch-aware entry points.
+        self._fast_produce = hasattr(handler, "produce_item") and hasattr(handler, "async_produce_many")
+        self.max_frame_bytes = max_frame_bytes
+        super().__init__(
+            host,
+            port,
+            max_connections=max_connections,
+            metrics=metrics,
+            max_buffered_bytes=max_buffered_bytes,
+            budget_wait_s=budget_wait_s,
+        )
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
         """Read and handle frames until the peer closes, a frame is refused, or the
@@ -568,23 +629,6 @@ class ThriftServer:
                 # A busy connection (e.g. a stream of asyncProduce): read in bigger
                 # chunks. Quiet ones (a waiting consumer) keep the small buffer.
                 buf.extend(bytes(_READ_BUFFER - len(buf)))
-
-    def input_pending(self) -> bool:
-        """True while another connection holds bytes it has not processed yet: in its
-        buffer (from the ``recv`` that returned them until the next one) or still in
-        the kernel's receive queue. Cost: a poll over the open connections, so only
-        for rare paths (a consume of a topic that does not exist, see QueueHandler).
-        """
-        me = threading.get_ident()
-        if any(ident != me for ident in tuple(self._busy)):
-            return True
-        with self._conns_lock:
-            socks = [sock for sock, thread in self._conns.values() if thread.ident != me]
-        poller = select.poll()
-        for sock in socks:
-            with contextlib.suppress(ValueError, OSError):  # closed meanwhile
-                poller.register(sock, select.POLLIN)
-        return any(events & select.POLLIN for _, events in poller.poll(0))
 
     def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
         """Decode one call frame, call the handler, send its reply; False when the
