@@ -60,15 +60,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Final
 
-from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
 from bigarray import InvalidNameError, validate_name
 
 from ..logs import RateLimitedLog
 from ..topics import TopicManager
-from .entities import build, field
 from .offsets import OffsetStore
+from .protocol import build, response_schema
 
 __all__ = ["GroupCoordinator", "GroupState"]
 
@@ -305,7 +304,7 @@ class GroupCoordinator:
         if handler is None:
             raise ValueError(f"the group coordinator does not handle API key {api_key}")
         values = handler(request, version, client_id or "", client_host)
-        return build(load_response_schema(api_key, version), values)
+        return build(response_schema(api_key, version), **values)
 
     def close(self) -> None:
         """Stop the background thread and answer every waiting JoinGroup and SyncGroup
@@ -343,10 +342,10 @@ class GroupCoordinator:
 
     # -- FindCoordinator ---------------------------------------------------------------------
     def _find_coordinator(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        key_type = field(request, "key_type", 0)
-        keys = field(request, "coordinator_keys")
+        key_type = getattr(request, "key_type", 0)
+        keys = getattr(request, "coordinator_keys", None)
         if keys is None:
-            keys = (field(request, "key", ""),)
+            keys = (getattr(request, "key", ""),)
 
         def answer(key: str) -> dict[str, Any]:
             if key_type not in (0, 1):
@@ -361,11 +360,17 @@ class GroupCoordinator:
 
     # -- JoinGroup -----------------------------------------------------------------------------
     def _join_group(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
+        values = self._join(request, version, client_id, client_host)
+        if values["protocol_name"] is None and version < 7:  # not nullable before v7
+            values = values | {"protocol_name": ""}
+        return values
+
+    def _join(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
         group_id = request.group_id
         member_id = request.member_id or ""
-        instance_id = field(request, "group_instance_id")
+        instance_id = getattr(request, "group_instance_id", None)
         session_ms = _ms(request.session_timeout)
-        rebalance_ms = _ms(field(request, "rebalance_timeout")) if version >= 1 else session_ms
+        rebalance_ms = _ms(getattr(request, "rebalance_timeout", None)) if version >= 1 else session_ms
         if rebalance_ms < 0:
             rebalance_ms = session_ms
         protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
@@ -691,11 +696,13 @@ class GroupCoordinator:
         with group.cond:
             now = self.clock()
             self._tick(group, now)
-            error = self._check_member(group, member_id, field(request, "group_instance_id"), request.generation_id)
+            error = self._check_member(
+                group, member_id, getattr(request, "group_instance_id", None), request.generation_id
+            )
             if error is not None:
                 return _sync_error(error)
-            protocol_type = field(request, "protocol_type")
-            protocol_name = field(request, "protocol_name")
+            protocol_type = getattr(request, "protocol_type", None)
+            protocol_name = getattr(request, "protocol_name", None)
             if (protocol_type is not None and protocol_type != group.protocol_type) or (
                 protocol_name is not None and protocol_name != group.protocol_name
             ):
@@ -764,7 +771,7 @@ class GroupCoordinator:
             if group.state is GroupState.EMPTY:
                 return {"error_code": _E.unknown_member_id}
             error = self._check_member(
-                group, request.member_id, field(request, "group_instance_id"), request.generation_id
+                group, request.member_id, getattr(request, "group_instance_id", None), request.generation_id
             )
             if error is not None:
                 return {"error_code": error}
@@ -775,7 +782,7 @@ class GroupCoordinator:
 
     # -- LeaveGroup ------------------------------------------------------------------------------
     def _leave_group(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        leaving = field(request, "members")
+        leaving = getattr(request, "members", None)
         if leaving is None:
             identities: list[tuple[str, str | None]] = [(request.member_id, None)]
         else:
@@ -866,8 +873,8 @@ class GroupCoordinator:
             }
 
     def _list_groups(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        states = {s.lower() for s in field(request, "states_filter", ()) or ()}
-        types = {t.lower() for t in field(request, "types_filter", ()) or ()}
+        states = {s.lower() for s in getattr(request, "states_filter", ()) or ()}
+        types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
         rows: dict[str, tuple[str, str]] = {}
         for group in self._all_groups():
             with group.cond:
@@ -913,7 +920,7 @@ class GroupCoordinator:
         group_id = request.group_id
         generation = request.generation_id_or_member_epoch
         member_id = request.member_id or ""
-        instance_id = field(request, "group_instance_id")
+        instance_id = getattr(request, "group_instance_id", None)
         error = None
         if not _valid_group_id(group_id):
             error = _E.invalid_group_id

@@ -74,6 +74,8 @@ class OffsetStore:
         ``partition`` of ``topic``; the error code of the partition's answer."""
         if metadata is not None and len(metadata.encode()) > self.max_metadata_bytes:
             return ErrorCode.offset_metadata_too_large
+        if offset < 0:  # Kafka stores it; a committed position cannot point before offset 0
+            return ErrorCode.invalid_request
         name = _luxun_name(topic, partition)
         if name is None:
             return ErrorCode.unknown_topic_or_partition
@@ -81,11 +83,10 @@ class OffsetStore:
         def do(t: Topic) -> ErrorCode:
             queue = t.queue
             array = queue.array
-            index = array.find_offset(max(offset, 0))
             try:
-                queue.commit(group, index, offset=offset)
+                queue.commit(group, array.find_offset(offset), offset=offset)
             except IndexOutOfRangeError:  # retention moved tail past it meanwhile
-                queue.commit(group, array.find_offset(max(offset, 0)), offset=offset)
+                queue.commit(group, array.find_offset(offset), offset=offset)
             with self._lock:
                 if metadata:
                     self._metadata[(group, name)] = metadata

@@ -19,8 +19,8 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode as E
 from kio.serial import entity_reader, entity_writer
 
-from luxun.kafka.entities import build
 from luxun.kafka.groups import GroupCoordinator, GroupState
+from luxun.kafka.protocol import build
 from luxun.topics import TopicManager
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,7 +50,7 @@ def coord(topics: TopicManager) -> Iterator[GroupCoordinator]:
 def call(coord: GroupCoordinator, api: int, version: int, **values: Any) -> Any:
     """Send ``values`` as a request of ``key``/``version`` through the wire encoding both
     ways (so what the coordinator takes and answers is what a client would see)."""
-    request = build(load_request_schema(api, version), values)
+    request = build(load_request_schema(api, version), **values)
     buf = io.BytesIO()
     entity_writer(type(request))(buf, request)
     request, _ = entity_reader(type(request))(buf.getvalue(), 0)
