@@ -50,6 +50,7 @@ stops it and answers every waiting request.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import logging
@@ -57,7 +58,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Final
 
 from kio.schema.errors import ErrorCode
@@ -79,6 +80,8 @@ DEFAULT_MIN_SESSION_TIMEOUT_MS: Final = 6000
 DEFAULT_MAX_SESSION_TIMEOUT_MS: Final = 1_800_000
 #: group.initial.rebalance.delay.ms (Kafka's default is 3000; ours starts at once).
 DEFAULT_INITIAL_REBALANCE_DELAY_MS: Final = 0
+#: How long an Empty group without members stays in memory after its last request.
+DEFAULT_EMPTY_GROUP_TTL_MS: Final = 300_000
 #: How often the background thread looks for expired sessions and rebalances (s).
 TICK_S: Final = 0.1
 
@@ -171,6 +174,8 @@ class _Group:
         self.initial_delay_limit_s = 0.0
         self.sync_deadline_s = 0.0  # CompletingRebalance / Stable: when members that did not sync are removed
         self.rebalances = 0
+        self.touched_s = 0.0  # the last request for it (clock of the coordinator)
+        self.evicted = False  # taken out of the coordinator's map: look it up again
 
     def is_leader(self, member_id: str) -> bool:
         return self.leader == member_id
@@ -230,6 +235,9 @@ class GroupCoordinator:
             may ask for (INVALID_SESSION_TIMEOUT outside).
         initial_rebalance_delay_ms: how long an empty group's first rebalance waits for
             more members (Kafka's group.initial.rebalance.delay.ms).
+        empty_group_ttl_ms: an Empty group without members is forgotten (from memory;
+            its committed offsets stay) after this long without a request, so memory
+            stays bounded by the groups in use.
         clock: monotonic seconds (tests may pass their own).
     """
 
@@ -260,6 +268,7 @@ class GroupCoordinator:
         min_session_timeout_ms: int = DEFAULT_MIN_SESSION_TIMEOUT_MS,
         max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
         initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS,
+        empty_group_ttl_ms: int = DEFAULT_EMPTY_GROUP_TTL_MS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.offsets = OffsetStore(topics)
@@ -269,6 +278,7 @@ class GroupCoordinator:
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.initial_rebalance_delay_s = initial_rebalance_delay_ms / 1000
+        self.empty_group_ttl_s = empty_group_ttl_ms / 1000
         self.clock = clock
         self._lock = threading.Lock()  # guards _groups only
         self._groups: dict[str, _Group] = {}
@@ -334,10 +344,9 @@ class GroupCoordinator:
     def describe(self, group_id: str) -> tuple[GroupState, int, list[str]]:
         """``(state, generation, member ids)`` of a group (Dead if unknown): for tests
         and status pages."""
-        group = self._group(group_id)
-        if group is None:
-            return GroupState.DEAD, -1, []
-        with group.cond:
+        with self._locked(group_id) as group:
+            if group is None:
+                return GroupState.DEAD, -1, []
             return group.state, group.generation, list(group.members)
 
     # -- FindCoordinator ---------------------------------------------------------------------
@@ -384,10 +393,9 @@ class GroupCoordinator:
             return error(_E.invalid_session_timeout)
         if self._closed.is_set():
             return error(_E.coordinator_not_available)
-        group = self._group(group_id, create=not member_id)
-        if group is None:
-            return error(_E.unknown_member_id)
-        with group.cond:
+        with self._locked(group_id, create=not member_id) as group:
+            if group is None:
+                return error(_E.unknown_member_id)
             now = self.clock()
             if group.state is GroupState.DEAD:
                 return error(_E.coordinator_not_available)
@@ -683,17 +691,22 @@ class GroupCoordinator:
             for group in self._all_groups():
                 try:
                     with group.cond:
-                        self._tick(group, self.clock())
+                        now = self.clock()
+                        self._tick(group, now)
+                        idle = group.state is GroupState.EMPTY and not group.members and not group.pending
+                        if idle and now - group.touched_s >= self.empty_group_ttl_s:
+                            self._evict(group)
                 except Exception:  # never let the thread die: sessions would stop expiring
                     _limited.exception("reap", "group %r: expiring sessions failed", group.group_id)
 
     # -- SyncGroup -------------------------------------------------------------------------------
     def _sync_group(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        group = self._group(request.group_id) if _valid_group_id(request.group_id) else None
-        if group is None:
-            return _sync_error(_E.unknown_member_id if _valid_group_id(request.group_id) else _E.invalid_group_id)
+        if not _valid_group_id(request.group_id):
+            return _sync_error(_E.invalid_group_id)
         member_id = request.member_id
-        with group.cond:
+        with self._locked(request.group_id) as group:
+            if group is None:
+                return _sync_error(_E.unknown_member_id)
             now = self.clock()
             self._tick(group, now)
             error = self._check_member(
@@ -762,10 +775,9 @@ class GroupCoordinator:
     def _heartbeat(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
         if not _valid_group_id(request.group_id):
             return {"error_code": _E.invalid_group_id}
-        group = self._group(request.group_id)
-        if group is None:
-            return {"error_code": _E.unknown_member_id}
-        with group.cond:
+        with self._locked(request.group_id) as group:
+            if group is None:
+                return {"error_code": _E.unknown_member_id}
             now = self.clock()
             self._tick(group, now)
             if group.state is GroupState.EMPTY:
@@ -789,11 +801,10 @@ class GroupCoordinator:
             identities = [(m.member_id, m.group_instance_id) for m in leaving]
         if not _valid_group_id(request.group_id):
             return {"error_code": _E.invalid_group_id, "members": []}
-        group = self._group(request.group_id)
-        if group is None:
-            codes = [_E.unknown_member_id] * len(identities)
-        else:
-            with group.cond:
+        with self._locked(request.group_id) as group:
+            if group is None:
+                codes = [_E.unknown_member_id] * len(identities)
+            else:
                 if group.state is GroupState.DEAD:
                     return {"error_code": _E.coordinator_not_available, "members": []}
                 now = self.clock()
@@ -843,14 +854,16 @@ class GroupCoordinator:
         }
         if not _valid_group_id(group_id):
             return dead | {"error_code": _E.invalid_group_id, "error_message": f"invalid group id {group_id!r}"}
-        group = self._group(group_id)
-        if group is None:
-            if self.offsets.has_offsets(group_id):
-                return dead | {"group_state": GroupState.EMPTY.value}
-            if version >= 6:
-                return dead | {"error_code": _E.group_id_not_found, "error_message": f"group {group_id!r} not found"}
-            return dead
-        with group.cond:
+        with self._locked(group_id) as group:
+            if group is None:
+                if self.offsets.has_offsets(group_id):
+                    return dead | {"group_state": GroupState.EMPTY.value}
+                if version >= 6:
+                    return dead | {
+                        "error_code": _E.group_id_not_found,
+                        "error_message": f"group {group_id!r} not found",
+                    }
+                return dead
             stable = group.state is GroupState.STABLE
             return {
                 "error_code": _E.none,
@@ -897,21 +910,15 @@ class GroupCoordinator:
     def _delete_one(self, group_id: str) -> ErrorCode:
         if not _valid_group_id(group_id):
             return _E.invalid_group_id
-        group = self._group(group_id)
-        if group is not None:
-            with group.cond:
-                if group.state is GroupState.DEAD:
-                    return _E.group_id_not_found
+        with self._locked(group_id) as group:
+            if group is not None:
                 if group.state is not GroupState.EMPTY:
                     return _E.non_empty_group
-                group.state = GroupState.DEAD
-                group.cond.notify_all()
-            with self._lock:
-                if self._groups.get(group_id) is group:
-                    del self._groups[group_id]
-        elif not self.offsets.has_offsets(group_id):
-            return _E.group_id_not_found
-        self.offsets.delete_group(group_id)
+                self._evict(group)
+            elif not self.offsets.has_offsets(group_id):
+                return _E.group_id_not_found
+            # under the group's lock (if it was known): no commit of it runs meanwhile
+            self.offsets.delete_group(group_id)
         log.info("group %r deleted with its committed offsets", group_id)
         return _E.none
 
@@ -921,45 +928,45 @@ class GroupCoordinator:
         generation = request.generation_id_or_member_epoch
         member_id = request.member_id or ""
         instance_id = getattr(request, "group_instance_id", None)
-        error = None
         if not _valid_group_id(group_id):
-            error = _E.invalid_group_id
-        else:
-            group = self._group(group_id, create=generation < 0)
-            if group is None:
+            return self._commit_answers(request, group_id, _E.invalid_group_id)
+        with self._locked(group_id, create=generation < 0) as group:
+            if group is None:  # no such group and a generation: an old member
+                return self._commit_answers(request, group_id, _E.illegal_generation)
+            now = self.clock()
+            self._tick(group, now)
+            error = None
+            if group.state is GroupState.DEAD:
+                error = _E.coordinator_not_available
+            elif group.fenced(member_id, instance_id):
+                error = _E.fenced_instance_id
+            elif generation < 0 and group.state is GroupState.EMPTY:
+                pass  # a consumer that keeps only its offsets in the group
+            elif member_id not in group.members:
+                error = _E.unknown_member_id
+            elif generation != group.generation:
                 error = _E.illegal_generation
+            elif group.state is GroupState.COMPLETING_REBALANCE:
+                error = _E.rebalance_in_progress
             else:
-                with group.cond:
-                    now = self.clock()
-                    self._tick(group, now)
-                    if group.state is GroupState.DEAD:
-                        error = _E.coordinator_not_available
-                    elif group.fenced(member_id, instance_id):
-                        error = _E.fenced_instance_id
-                    elif generation < 0 and group.state is GroupState.EMPTY:
-                        pass  # a consumer that keeps only its offsets in the group
-                    elif member_id not in group.members:
-                        error = _E.unknown_member_id
-                    elif generation != group.generation:
-                        error = _E.illegal_generation
-                    elif group.state is GroupState.COMPLETING_REBALANCE:
-                        error = _E.rebalance_in_progress
-                    else:
-                        group.members[member_id].heartbeat_s = now
+                group.members[member_id].heartbeat_s = now
+            # stored under the group's lock, as Kafka does: no rebalance in between
+            return self._commit_answers(request, group_id, error)
+
+    def _commit_answers(self, request: Any, group_id: str, error: ErrorCode | None) -> dict[str, Any]:
+        """Store every partition's offset (or answer ``error`` for each)."""
+
+        def store(topic: str, p: Any) -> ErrorCode:
+            if error is not None:
+                return error
+            return self.offsets.commit(group_id, topic, p.partition_index, p.committed_offset, p.committed_metadata)
+
         return {
             "topics": [
                 {
                     "name": t.name,
                     "partitions": [
-                        {
-                            "partition_index": p.partition_index,
-                            "error_code": error
-                            if error is not None
-                            else self.offsets.commit(
-                                group_id, t.name, p.partition_index, p.committed_offset, p.committed_metadata
-                            ),
-                        }
-                        for p in t.partitions
+                        {"partition_index": p.partition_index, "error_code": store(t.name, p)} for p in t.partitions
                     ],
                 }
                 for t in request.topics
@@ -1013,6 +1020,31 @@ class GroupCoordinator:
         }
 
     # -- groups ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self, group_id: str, *, create: bool = False) -> Iterator[_Group | None]:
+        """The group called ``group_id`` (created if ``create``; None if unknown) with
+        its lock held. Order of locks: a group's, then the coordinator's map lock."""
+        while True:
+            group = self._group(group_id, create=create)
+            if group is None:
+                yield None
+                return
+            with group.cond:
+                if group.evicted:  # forgotten meanwhile: look it up again
+                    continue
+                group.touched_s = self.clock()
+                yield group
+                return
+
+    def _evict(self, group: _Group) -> None:
+        """Forget ``group`` (its lock held): Dead to whoever still holds it."""
+        group.state = GroupState.DEAD
+        group.evicted = True
+        group.cond.notify_all()
+        with self._lock:
+            if self._groups.get(group.group_id) is group:
+                del self._groups[group.group_id]
+
     def _group(self, group_id: str, *, create: bool = False) -> _Group | None:
         with self._lock:
             group = self._groups.get(group_id)

@@ -424,3 +424,18 @@ def test_metrics_carry_group_states_and_rebalances(coord: GroupCoordinator) -> N
     assert 'luxun_kafka_groups{state="Stable"} 1' in text
     assert 'luxun_kafka_groups{state="CompletingRebalance"} 1' in text
     assert "luxun_kafka_group_rebalances_total 2" in text
+
+
+def test_empty_groups_are_forgotten_after_their_ttl(topics: TopicManager) -> None:
+    with make(topics, empty_group_ttl_ms=300) as coord:
+        a = join_new(coord)
+        sync(coord, a.member_id, 1, {})
+        assert call(coord, LEAVE, 0, group_id="g", member_id=a.member_id).error_code == E.none
+        wait_state(coord, "g", GroupState.EMPTY)
+        t0 = time.monotonic()
+        while coord.group_states()["Empty"]:
+            assert time.monotonic() - t0 < 3, "the empty group stayed in memory"
+            time.sleep(0.05)
+        assert time.monotonic() - t0 > 0.2
+        assert coord.describe("g")[0] is GroupState.DEAD
+        assert join_new(coord).generation_id == 1  # a new group under the same name
