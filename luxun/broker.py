@@ -24,6 +24,9 @@ from types import FrameType
 from idl import QueueService
 
 from .config import BrokerConfig, check_password
+from .kafka.handlers import KafkaHandler
+from .kafka.log import KafkaLog
+from .kafka.server import KafkaServer
 from .metrics import Metrics, MetricsServer
 from .retention import Maintenance
 from .server import ThriftServer
@@ -149,6 +152,10 @@ class Broker:
         _check_port_free(config.host, config.port, "port, --port")
         if config.metrics_port:
             _check_port_free(config.metrics_host, config.metrics_port, "metrics.port, --metrics-port; 0 turns it off")
+        if config.kafka_port:
+            _check_port_free(
+                config.kafka_host or config.host, config.kafka_port, "kafka.port, --kafka-port; 0 turns it off"
+            )
         _check_data_dir(config.data_dir)
         self.metrics = Metrics()
         _, fd_limit = raise_fd_limit()
@@ -188,6 +195,9 @@ class Broker:
                 metrics=self.metrics,
             )
             self.handler.input_pending = self.server.input_pending
+            self.kafka_server: KafkaServer | None = None
+            if config.kafka_port:
+                self.kafka_server = self._kafka_door(config)
             self.metrics_server: MetricsServer | None = None
             if config.metrics_port:
                 self.metrics_server = MetricsServer(
@@ -216,6 +226,29 @@ class Broker:
             raise
         self._stopped = threading.Event()
 
+    def _kafka_door(self, config: BrokerConfig) -> KafkaServer:
+        """The Kafka-protocol port over the same topics (see :mod:`luxun.kafka`)."""
+        host = config.kafka_host or config.host
+        kafka_log = KafkaLog(
+            self.topics,
+            num_partitions=config.num_partitions,
+            delete_enable=config.delete_topic_enable,
+            max_message_bytes=config.kafka_message_max_bytes,
+        )
+        self.kafka_handler = KafkaHandler(
+            kafka_log, node_id=config.broker_id, host=host, port=config.kafka_port, metrics=self.metrics
+        )
+        server = KafkaServer(
+            self.kafka_handler,
+            host,
+            config.kafka_port,
+            max_frame_bytes=config.kafka_request_max_bytes,
+            metrics=self.metrics,
+        )
+        self.kafka_handler.host = config.kafka_advertised_host or host
+        self.kafka_handler.port = config.kafka_advertised_port or server.address[1]
+        return server
+
     @property
     def port(self) -> int:
         """The QueueService port actually bound."""
@@ -223,6 +256,8 @@ class Broker:
 
     def start(self) -> None:
         self.server.start()
+        if self.kafka_server is not None:
+            self.kafka_server.start()
         if self.metrics_server is not None:
             self.metrics_server.start()
         self.maintenance.start()
@@ -231,13 +266,19 @@ class Broker:
             if self.metrics_server is not None
             else "metrics off"
         )
+        kafka = (
+            f"Kafka protocol on {self.kafka_server.address[0]}:{self.kafka_server.address[1]}"
+            if self.kafka_server is not None
+            else "Kafka port off"
+        )
         log.info(
-            "luxun broker %d serving %d topics from %s on %s:%d (%s)",
+            "luxun broker %d serving %d topics from %s on %s:%d (%s; %s)",
             self.config.broker_id,
             self.topics.count(),
             self.topics.data_dir,
             self.config.host,
             self.port,
+            kafka,
             metrics,
         )
 
@@ -249,6 +290,8 @@ class Broker:
         log.info("stopping: finishing in-flight calls")
         self.topics.wake_all()
         self.server.stop()
+        if self.kafka_server is not None:
+            self.kafka_server.stop()
         self.maintenance.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.add_argument("--metrics-host", help="metrics HTTP address; default 127.0.0.1")
     serve.add_argument("--metrics-port", type=int, help="metrics HTTP port; default 9093, 0 turns it off")
+    serve.add_argument(
+        "--kafka-port", type=int, help="Kafka-protocol port (kafka.port); default 0: off (9092 is the Thrift port's)"
+    )
     serve.add_argument("--log-level", default="INFO", help=f"{', '.join(_LOG_LEVELS)} (default INFO)")
 
     produce = sub.add_parser("produce", help="send stdin lines to a topic, one item per line")
@@ -188,6 +191,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "password": args.password,
             "metrics_host": args.metrics_host,
             "metrics_port": args.metrics_port,
+            "kafka_port": args.kafka_port,
         }.items()
         if value is not None
     }

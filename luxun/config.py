@@ -134,6 +134,20 @@ DEFAULT_MAX_TOPICS = 0
 #: An open topic costs about 5 file descriptors, so 100 fit a 1,024 limit with room
 #: for ~400 connections.
 DEFAULT_MAX_OPEN_TOPICS = 100
+#: The Kafka-protocol port (0: off, the default: the Thrift port is Kafka's usual 9092).
+DEFAULT_KAFKA_PORT = 0
+#: Partitions of a topic a Kafka client creates without saying (Kafka's num.partitions).
+DEFAULT_NUM_PARTITIONS = 1
+#: Kafka DeleteTopics needs this on: the Kafka protocol has no password, and the
+#: Thrift deleteTopic needs the broker's password.
+DEFAULT_DELETE_TOPIC_ENABLE = False
+#: Largest record batch a Kafka producer may send (Kafka's default, 1 MiB + 12).
+DEFAULT_KAFKA_MESSAGE_MAX_BYTES = 1048588
+#: Largest Kafka request (Kafka's socket.request.max.bytes default, 100 MiB).
+DEFAULT_KAFKA_REQUEST_MAX_BYTES = 104857600
+#: Kafka group joins wait this long for more members before the first rebalance
+#: (Kafka's default is 3000 ms; 0 here: no long initial delay).
+DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS = 0
 
 _NO_OVERRIDES: Mapping[str, Any] = MappingProxyType({})
 
@@ -221,12 +235,41 @@ class BrokerConfig:
     max_open_topics: int = field(
         default=DEFAULT_MAX_OPEN_TOPICS, metadata=_key("max.open.topics", 1, INT32_MAX, ours=True)
     )
+    #: The Kafka-protocol port (0: off).
+    kafka_port: int = field(default=DEFAULT_KAFKA_PORT, metadata=_key("kafka.port", 0, 65535, ours=True))
+    #: The Kafka port's bind address ("" : the same as ``host``).
+    kafka_host: str = field(default="", metadata=_key("kafka.host", ours=True))
+    #: Host and port Kafka clients are told to connect to (Metadata); "" / 0: the bound ones.
+    kafka_advertised_host: str = field(default="", metadata=_key("kafka.advertised.host", ours=True))
+    kafka_advertised_port: int = field(default=0, metadata=_key("kafka.advertised.port", 0, 65535, ours=True))
+    #: Partitions of a topic created by a Kafka client that does not say how many.
+    num_partitions: int = field(default=DEFAULT_NUM_PARTITIONS, metadata=_key("num.partitions", 1, 10_000, ours=True))
+    #: Whether Kafka clients may delete topics (DeleteTopics).
+    delete_topic_enable: bool = field(
+        default=DEFAULT_DELETE_TOPIC_ENABLE, metadata=_key("delete.topic.enable", ours=True)
+    )
+    #: Largest record batch a Kafka producer may send.
+    kafka_message_max_bytes: int = field(
+        default=DEFAULT_KAFKA_MESSAGE_MAX_BYTES, metadata=_key("message.max.bytes", 1, INT32_MAX, ours=True)
+    )
+    #: Largest Kafka request.
+    kafka_request_max_bytes: int = field(
+        default=DEFAULT_KAFKA_REQUEST_MAX_BYTES, metadata=_key("socket.request.max.bytes", 1024, INT32_MAX, ours=True)
+    )
+    #: How long the first join of a Kafka consumer group waits for more members.
+    group_initial_rebalance_delay_ms: int = field(
+        default=DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS,
+        metadata=_key("group.initial.rebalance.delay.ms", 0, INT32_MAX, ours=True),
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             label = _label(f)
-            if f.name in _STR_FIELDS:
+            if f.name in _OPTIONAL_STR_FIELDS:
+                if not isinstance(value, str):
+                    raise ConfigError(f"{label} must be a string, not {type(value).__name__}", key=f.metadata["key"])
+            elif f.name in _STR_FIELDS:
                 if not isinstance(value, str | os.PathLike):
                     raise ConfigError(f"{label} must be a string, not {type(value).__name__}", key=f.metadata["key"])
                 value = os.fspath(value)
@@ -324,8 +367,10 @@ class BrokerConfig:
 _FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(BrokerConfig)}
 _FIELD_BY_KEY: dict[str, dataclasses.Field[Any]] = {f.metadata["key"]: f for f in _FIELDS.values()}
 _STR_FIELDS = frozenset({"data_dir", "host", "metrics_host", "password"})
+#: String fields that may be empty (meaning: derived from another setting).
+_OPTIONAL_STR_FIELDS = frozenset({"kafka_host", "kafka_advertised_host"})
 _MAP_FIELDS = frozenset({"topic_flush_intervals_ms", "topic_retention_hours"})
-_BOOL_FIELDS = frozenset({"auto_create_topics"})
+_BOOL_FIELDS = frozenset({"auto_create_topics", "delete_topic_enable"})
 
 #: Every key Java Luxun's ServerConfig reads.
 JAVA_KEYS: frozenset[str] = frozenset(k for k, f in _FIELD_BY_KEY.items() if not f.metadata["ours"])
@@ -394,7 +439,7 @@ def _parse_value(f: dataclasses.Field[Any], raw: Any) -> Any:
     if not isinstance(raw, str):
         return raw
     label = _label(f)
-    if f.name in _STR_FIELDS:
+    if f.name in _STR_FIELDS or f.name in _OPTIONAL_STR_FIELDS:
         return raw.strip()
     if f.name in _MAP_FIELDS:
         return _parse_topic_map(label, raw)

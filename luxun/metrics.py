@@ -67,9 +67,21 @@ class Metrics:
         self.input_buffer_waits = 0
         self.input_buffer_closed = 0
         self.started = time.time()
+        #: Kafka port: requests by (API key, version) and error codes answered.
+        self.kafka_requests: dict[tuple[int, int], int] = {}
+        self.kafka_errors: dict[int, int] = {}
         #: The Kafka port's group coordinator (``luxun.kafka.groups.GroupCoordinator``)
         #: when the broker runs one: its ``group_states()`` and ``rebalances_total``.
         self.kafka_groups: Any = None
+
+    def count_kafka_request(self, api_key: int, version: int) -> None:
+        key = (api_key, version)
+        with self._lock:
+            self.kafka_requests[key] = self.kafka_requests.get(key, 0) + 1
+
+    def count_kafka_error(self, code: int) -> None:
+        with self._lock:
+            self.kafka_errors[code] = self.kafka_errors.get(code, 0) + 1
 
     def observe(self, call: str, seconds: float, error_code: int | None, count: int = 1) -> None:
         """Record ``count`` calls that took ``seconds`` each and, when they failed,
@@ -130,6 +142,14 @@ class Metrics:
         out.append(f"luxun_input_buffer_waits_total {self.input_buffer_waits}")
         family("luxun_input_buffer_closed_total", "counter", "Connections closed because the input budget stayed full.")
         out.append(f"luxun_input_buffer_closed_total {self.input_buffer_closed}")
+        with self._lock:
+            kafka_requests, kafka_errors = dict(self.kafka_requests), dict(self.kafka_errors)
+        family("luxun_kafka_requests_total", "counter", "Kafka-protocol requests, by API key and version.")
+        for (api_key, version), n in sorted(kafka_requests.items()):
+            out.append(f'luxun_kafka_requests_total{{api_key="{api_key}",version="{version}"}} {n}')
+        family("luxun_kafka_errors_total", "counter", "Kafka-protocol error codes answered, by code.")
+        for code, n in sorted(kafka_errors.items()):
+            out.append(f'luxun_kafka_errors_total{{code="{code}"}} {n}')
         if self.kafka_groups is not None:
             family("luxun_kafka_groups", "gauge", "Kafka consumer groups known to the coordinator, by state.")
             for state, n in sorted(self.kafka_groups.group_states().items()):

@@ -103,7 +103,7 @@ class Topic:
     open queue, or the last one, closed, while the topic is not open.
     """
 
-    __slots__ = ("cond", "deleted", "name", "queue", "stats", "used", "waiters")
+    __slots__ = ("cond", "deleted", "name", "queue", "stats", "used", "waiters", "watchers")
 
     def __init__(self, name: str, queue: FanoutQueue) -> None:
         self.name = name
@@ -113,12 +113,30 @@ class Topic:
         self.waiters = 0
         self.used = True
         self.deleted = False
+        #: Events set on every append: waiters watching several topics at once (a
+        #: Kafka fetch of several partitions). Each also counts in ``waiters``.
+        self.watchers: set[threading.Event] = set()
 
     def notify(self) -> None:
         """Wake the consumers waiting for new items (cheap when nobody waits)."""
         if self.waiters:
             with self.cond:
                 self.cond.notify_all()
+                for event in self.watchers:
+                    event.set()
+
+    def watch(self, event: threading.Event) -> None:
+        """Set ``event`` on every append until :meth:`unwatch` (the topic is not
+        closed to make room meanwhile)."""
+        with self.cond:
+            self.watchers.add(event)
+            self.waiters += 1
+
+    def unwatch(self, event: threading.Event) -> None:
+        with self.cond:
+            if event in self.watchers:
+                self.watchers.discard(event)
+                self.waiters -= 1
 
 
 class QueueSnapshot:
@@ -629,6 +647,15 @@ class TopicManager:
             if time.monotonic() >= deadline:
                 return topic
 
+    def known(self, name: str) -> bool:
+        """Whether topic ``name`` exists (open or not)."""
+        return name in self._known
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` started (the broker is stopping)."""
+        return self._closed
+
     def wake_all(self) -> None:
         """Wake every waiting consumer (used at shutdown)."""
         with self.created:
@@ -638,6 +665,8 @@ class TopicManager:
         for topic in topics:
             with topic.cond:
                 topic.cond.notify_all()
+                for event in topic.watchers:
+                    event.set()
 
     def flush(self) -> None:
         """msync every open topic."""

@@ -36,6 +36,7 @@ class BrokerProcess:
         log_path: Path,
         *extra: str,
         metrics: bool = False,
+        kafka: bool = False,
         preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.data_dir = data_dir
@@ -44,6 +45,8 @@ class BrokerProcess:
         self.extra = list(extra)
         self.port = free_port()
         self.metrics_port = free_port() if metrics else 0
+        #: The Kafka-protocol port (0: off).
+        self.kafka_port = free_port() if kafka else 0
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 20.0) -> BrokerProcess:
@@ -54,6 +57,7 @@ class BrokerProcess:
             "--port", str(self.port),
             "--metrics-port", str(self.metrics_port),
             "--password", f"plain:{PASSWORD}",
+            *(["--kafka-port", str(self.kafka_port)] if self.kafka_port else []),
             *self.extra,
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
@@ -64,9 +68,16 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                if self.kafka_port:  # bound before the Thrift port accepts, but check
+                    socket.create_connection(("127.0.0.1", self.kafka_port), timeout=0.2).close()
                 return self
             time.sleep(0.05)
         raise RuntimeError(f"broker did not listen within {timeout_s}s:\n{self.log()}")
+
+    @property
+    def bootstrap(self) -> str:
+        """``bootstrap_servers`` of the Kafka port."""
+        return f"127.0.0.1:{self.kafka_port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -118,7 +118,7 @@ _readers: dict[tuple[int, int], Callable[..., Any]] = {}
 _writers: dict[type, Callable[..., Any]] = {}
 
 
-def request_schema(api_key: int, version: int) -> type:
+def request_schema(api_key: int, version: int) -> Any:
     """kio's request class for ``api_key`` at ``version`` (KeyError-free: raises
     ProtocolError when kio has none)."""
     try:
@@ -165,7 +165,7 @@ def encode_response(header: RequestHeader, response: Any) -> bytes:
     return out.getvalue()
 
 
-def response_schema(api_key: int, version: int) -> type:
+def response_schema(api_key: int, version: int) -> Any:
     return load_response_schema(api_key, version)
 
 

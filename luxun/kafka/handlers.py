@@ -1,0 +1,443 @@
+"""Answers to Kafka requests: one method per API, written once for all its versions.
+
+:class:`KafkaHandler` parses a request frame (:mod:`luxun.kafka.protocol`), calls the
+method of its API and encodes the answer at the request's version. Which versions
+are served is :data:`VERSIONS` (for the group APIs, the coordinator's own table),
+what ApiVersions announces. A request of a version outside that table gets, for
+ApiVersions, error UNSUPPORTED_VERSION in the v0 layout with our ranges (KIP-511: the
+client then retries with a version we have); for any other API the connection is
+closed, as Kafka does with a request it cannot parse.
+
+Produce with ``acks=0`` gets no response at all, as in Kafka. A Fetch waits up to its
+``max_wait`` for ``min_bytes`` on a condition every append to one of its partitions
+sets (the long-poll machinery of the Thrift consume; a produce completes it at once).
+
+Thread-safety: one instance serves every connection; each call runs on its
+connection's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Final
+
+from ..logs import RateLimitedLog
+from ..metrics import Metrics
+from . import protocol as P
+from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
+
+__all__ = ["VERSIONS", "KafkaHandler"]
+
+log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
+
+PRODUCE: Final = 0
+FETCH: Final = 1
+LIST_OFFSETS: Final = 2
+METADATA: Final = 3
+API_VERSIONS: Final = 18
+CREATE_TOPICS: Final = 19
+DELETE_TOPICS: Final = 20
+INIT_PRODUCER_ID: Final = 22
+DESCRIBE_CONFIGS: Final = 32
+DESCRIBE_CLUSTER: Final = 60
+
+#: The versions served of the APIs this module answers: min, max.
+VERSIONS: Final[dict[int, tuple[int, int]]] = {
+    PRODUCE: (3, 9),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 7),
+    METADATA: (0, 12),
+    API_VERSIONS: (0, 3),
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
+    INIT_PRODUCER_ID: (0, 4),
+    DESCRIBE_CONFIGS: (1, 4),
+    DESCRIBE_CLUSTER: (0, 1),
+}
+
+UNSUPPORTED_VERSION: Final = 35
+INVALID_REQUEST: Final = 42
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Final = 53
+INVALID_REPLICATION_FACTOR: Final = 38
+CLUSTER_ID: Final = "luxun-" + uuid.uuid5(uuid.NAMESPACE_DNS, "luxun").hex[:16]
+#: Fetch waits at most this long whatever the client asks (Kafka clients ask 500 ms).
+MAX_FETCH_WAIT_S: Final = 30.0
+
+
+class KafkaHandler:
+    """Answers Kafka requests over ``kafka_log``.
+
+    Args:
+        kafka_log: the topics (shared with the Thrift port).
+        node_id: this broker's id in Metadata (``brokerid``).
+        host, port: what Metadata announces (the advertised listener).
+        groups: the group coordinator (``handle(api_key, version, request, ...)`` and
+            ``VERSIONS``), or None: group APIs are not announced.
+        metrics: counters of requests per API and version and errors per code.
+    """
+
+    def __init__(
+        self,
+        kafka_log: KafkaLog,
+        *,
+        node_id: int,
+        host: str,
+        port: int,
+        groups: Any = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.log = kafka_log
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.groups = groups
+        self.metrics = metrics or Metrics()
+        self.versions: dict[int, tuple[int, int]] = dict(VERSIONS)
+        if groups is not None:
+            self.versions.update(groups.VERSIONS)
+        self._methods: dict[int, Callable[[Any, P.RequestHeader], Any]] = {
+            PRODUCE: self.produce,
+            FETCH: self.fetch,
+            LIST_OFFSETS: self.list_offsets,
+            METADATA: self.metadata,
+            API_VERSIONS: self.api_versions,
+            CREATE_TOPICS: self.create_topics,
+            DELETE_TOPICS: self.delete_topics,
+            INIT_PRODUCER_ID: self.init_producer_id,
+            DESCRIBE_CONFIGS: self.describe_configs,
+            DESCRIBE_CLUSTER: self.describe_cluster,
+        }
+        self._flexible: dict[tuple[int, int], bool] = {}
+
+    # -- frames ------------------------------------------------------------------------
+    def _is_flexible(self, api_key: int, version: int) -> bool:
+        key = (api_key, version)
+        flexible = self._flexible.get(key)
+        if flexible is None:
+            served = self.versions.get(api_key)
+            if served is None or not served[0] <= version <= served[1]:
+                # Unknown to us: ApiVersions v3+ has a v2 header, but we do not read it.
+                return False
+            flexible = self._flexible[key] = bool(P.request_schema(api_key, version).__flexible__)
+        return flexible
+
+    def handle_frame(self, frame: bytes, peer: Any) -> bytes | None:
+        """See :class:`~luxun.kafka.server.FrameHandler`."""
+        header = P.parse_request_header(frame, self._is_flexible)
+        key, version = header.api_key, header.api_version
+        served = self.versions.get(key)
+        self.metrics.count_kafka_request(key, version)
+        if served is None or not served[0] <= version <= served[1]:
+            if key == API_VERSIONS:
+                return self._api_versions_fallback(header)
+            self.metrics.count_kafka_error(UNSUPPORTED_VERSION)
+            raise P.ProtocolError(
+                f"API {key} v{version} is not supported"
+                + (f" (this broker serves v{served[0]}..v{served[1]})" if served else "")
+            )
+        request = P.read_request(header, frame)
+        method = self._methods.get(key)
+        if method is not None:
+            response = method(request, header)
+        else:
+            response = self.groups.handle(key, version, request, client_id=header.client_id, client_host=peer[0])
+        if response is None:
+            return None
+        return P.encode_response(header, response)
+
+    def _response(self, header: P.RequestHeader, **values: Any) -> Any:
+        return P.build(P.response_schema(header.api_key, header.api_version), **values)
+
+    # -- ApiVersions -------------------------------------------------------------------
+    def _api_keys(self) -> list[dict[str, int]]:
+        return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(self.versions.items())]
+
+    def api_versions(self, request: Any, header: P.RequestHeader) -> Any:
+        return self._response(header, error_code=NONE, api_keys=self._api_keys())
+
+    def _api_versions_fallback(self, header: P.RequestHeader) -> bytes:
+        """KIP-511: an ApiVersions of a version we lack, answered in the v0 layout."""
+        self.metrics.count_kafka_error(UNSUPPORTED_VERSION)
+        v0 = P.RequestHeader(header.api_key, 0, header.correlation_id, header.client_id, header.body_offset)
+        response = P.build(
+            P.response_schema(API_VERSIONS, 0), error_code=UNSUPPORTED_VERSION, api_keys=self._api_keys()
+        )
+        return P.encode_response(v0, response)
+
+    # -- Metadata ----------------------------------------------------------------------
+    def _brokers(self) -> list[dict[str, Any]]:
+        return [{"node_id": self.node_id, "broker_id": self.node_id, "host": self.host, "port": self.port}]
+
+    def _topic_metadata(self, name: str, create: bool) -> dict[str, Any]:
+        info = self.log.describe(name)
+        if info is None and create and legal_topic_name(name) is None:
+            code, message = self.log.auto_create(name)
+            if code != NONE:
+                log.debug("auto-creating topic %r: %s", name, message)
+            info = self.log.describe(name)
+        if info is None:
+            bad = legal_topic_name(name) is not None
+            return {"error_code": 17 if bad else UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
+        partitions = [
+            {
+                "error_code": NONE,
+                "partition_index": p,
+                "leader_id": self.node_id,
+                "leader_epoch": 0,
+                "replica_nodes": [self.node_id],
+                "isr_nodes": [self.node_id],
+                "offline_replicas": [],
+            }
+            for p in range(info.partitions)
+        ]
+        return {
+            "error_code": NONE,
+            "name": name,
+            "topic_id": info.topic_id,
+            "is_internal": False,
+            "partitions": partitions,
+            "topic_authorized_operations": -2147483648,
+        }
+
+    def metadata(self, request: Any, header: P.RequestHeader) -> Any:
+        if request.topics is None or (header.api_version == 0 and not request.topics):
+            topics = [self._topic_metadata(info.name, False) for info in self.log.list_topics()]
+        else:
+            create = getattr(request, "allow_auto_topic_creation", True)
+            topics = [self._topic_metadata(t.name, create) for t in request.topics if t.name is not None]
+        return self._response(
+            header,
+            brokers=self._brokers(),
+            cluster_id=CLUSTER_ID,
+            controller_id=self.node_id,
+            topics=topics,
+            cluster_authorized_operations=-2147483648,
+        )
+
+    def describe_cluster(self, request: Any, header: P.RequestHeader) -> Any:
+        return self._response(
+            header,
+            error_code=NONE,
+            cluster_id=CLUSTER_ID,
+            controller_id=self.node_id,
+            brokers=self._brokers(),
+            cluster_authorized_operations=-2147483648,
+        )
+
+    # -- Produce -----------------------------------------------------------------------
+    def produce(self, request: Any, header: P.RequestHeader) -> Any:
+        if request.transactional_id is not None:
+            err = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            responses = [
+                {
+                    "name": t.name,
+                    "partition_responses": [{"index": p.index, "error_code": err} for p in t.partition_data],
+                }
+                for t in request.topic_data
+            ]
+            self.metrics.count_kafka_error(err)
+            return None if request.acks == 0 else self._response(header, responses=responses)
+        responses = []
+        for t in request.topic_data:
+            parts = []
+            for p in t.partition_data:
+                result = self.log.produce(t.name, p.index, p.records)
+                if result.error != NONE:
+                    self.metrics.count_kafka_error(result.error)
+                    if result.message:
+                        _limited.warning(
+                            f"kafka-produce-{result.error}",
+                            "produce to %s-%d refused: %s",
+                            t.name,
+                            p.index,
+                            result.message,
+                        )
+                parts.append(
+                    {
+                        "index": p.index,
+                        "error_code": result.error,
+                        "base_offset": result.base_offset,
+                        "log_append_time": None if result.log_append_time < 0 else result.log_append_time,
+                        "log_start_offset": result.log_start_offset,
+                        "error_message": result.message,
+                    }
+                )
+            responses.append({"name": t.name, "partition_responses": parts})
+        if request.acks == 0:
+            return None
+        return self._response(header, responses=responses)
+
+    # -- Fetch -------------------------------------------------------------------------
+    def fetch(self, request: Any, header: P.RequestHeader) -> Any:
+        wanted = [(t.topic, p) for t in request.topics for p in t.partitions]
+        max_bytes = request.max_bytes if header.api_version >= 3 else 1 << 30
+        min_bytes = request.min_bytes
+        wait_s = min(request.max_wait.total_seconds(), MAX_FETCH_WAIT_S)
+        results = self._fetch_once(wanted, max_bytes)
+        if wait_s > 0 and self._fetched_bytes(results) < min_bytes and not self._has_error(results):
+            until = time.monotonic() + wait_s
+
+            def enough() -> bool:
+                nonlocal results
+                results = self._fetch_once(wanted, max_bytes)
+                return self._fetched_bytes(results) >= min_bytes or self._has_error(results)
+
+            self.log.wait([(topic, p.partition) for topic, p in wanted], until, enough)
+        responses: dict[str, list[dict[str, Any]]] = {}
+        for (topic, p), result in zip(wanted, results, strict=True):
+            if result.error != NONE:
+                self.metrics.count_kafka_error(result.error)
+            responses.setdefault(topic, []).append(
+                {
+                    "partition_index": p.partition,
+                    "error_code": result.error,
+                    "high_watermark": result.high_watermark,
+                    "last_stable_offset": result.high_watermark,
+                    "log_start_offset": result.log_start_offset,
+                    "aborted_transactions": None,
+                    "preferred_read_replica": -1,
+                    "records": result.records,
+                }
+            )
+        return self._response(
+            header,
+            error_code=NONE,
+            session_id=0,
+            responses=[{"topic": topic, "partitions": parts} for topic, parts in responses.items()],
+        )
+
+    def _fetch_once(self, wanted: list[tuple[str, Any]], max_bytes: int) -> list[Any]:
+        results = []
+        left = max_bytes
+        for topic, p in wanted:
+            # KIP-74: the first partition with data gets at least one batch, whatever its size.
+            result = self.log.fetch(topic, p.partition, p.fetch_offset, min(p.partition_max_bytes, max(left, 1)))
+            if result.records:
+                left -= len(result.records)
+                if left <= 0:
+                    left = 0
+            results.append(result)
+        return results
+
+    @staticmethod
+    def _fetched_bytes(results: list[Any]) -> int:
+        return sum(len(r.records) for r in results if r.records)
+
+    @staticmethod
+    def _has_error(results: list[Any]) -> bool:
+        return any(r.error != NONE for r in results)
+
+    # -- ListOffsets -------------------------------------------------------------------
+    def list_offsets(self, request: Any, header: P.RequestHeader) -> Any:
+        topics = []
+        for t in request.topics:
+            parts = []
+            for p in t.partitions:
+                code, offset, ts = self.log.list_offset(t.name, p.partition_index, p.timestamp)
+                if code != NONE:
+                    self.metrics.count_kafka_error(code)
+                parts.append(
+                    {
+                        "partition_index": p.partition_index,
+                        "error_code": code,
+                        "timestamp": ts,
+                        "offset": offset,
+                        "old_style_offsets": [] if offset < 0 else [offset],
+                        "leader_epoch": 0 if code == NONE else -1,
+                    }
+                )
+            topics.append({"name": t.name, "partitions": parts})
+        return self._response(header, topics=topics)
+
+    # -- topics ------------------------------------------------------------------------
+    def create_topics(self, request: Any, header: P.RequestHeader) -> Any:
+        results = []
+        for t in request.topics:
+            configs = {c.name: c.value for c in t.configs}
+            partitions = t.num_partitions if t.num_partitions != -1 else self.log.num_partitions
+            if t.assignments:
+                partitions = len(t.assignments)
+            message: str | None
+            if t.replication_factor not in (-1, 1):
+                code, message = (
+                    INVALID_REPLICATION_FACTOR,
+                    f"replication factor {t.replication_factor}: this broker is a cluster of one (use 1 or -1)",
+                )
+            else:
+                code, message = self.log.create(
+                    t.name,
+                    partitions,
+                    timestamp_type=configs.get("message.timestamp.type") or "CreateTime",
+                    validate_only=request.validate_only,
+                )
+            if code != NONE:
+                self.metrics.count_kafka_error(code)
+            info = self.log.describe(t.name)
+            results.append(
+                {
+                    "name": t.name,
+                    "topic_id": info.topic_id if info else uuid.UUID(int=0),
+                    "error_code": code,
+                    "error_message": message,
+                    "num_partitions": partitions if code == NONE else -1,
+                    "replication_factor": 1 if code == NONE else -1,
+                    "configs": None if code != NONE else [],
+                }
+            )
+        return self._response(header, topics=results)
+
+    def delete_topics(self, request: Any, header: P.RequestHeader) -> Any:
+        names = getattr(request, "topic_names", None)
+        if names is None:
+            names = [t.name for t in request.topics]
+        responses = []
+        for name in names:
+            code, message = self.log.delete(name) if name is not None else (UNKNOWN_TOPIC_OR_PARTITION, None)
+            if code != NONE:
+                self.metrics.count_kafka_error(code)
+            responses.append({"name": name, "error_code": code, "error_message": message})
+        return self._response(header, responses=responses)
+
+    def describe_configs(self, request: Any, header: P.RequestHeader) -> Any:
+        results = []
+        for r in request.resources:
+            configs: list[dict[str, Any]] = []
+            code, message = NONE, None
+            if int(r.resource_type) == 2:  # topic
+                info = self.log.describe(r.resource_name)
+                if info is None:
+                    code, message = UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist"
+                else:
+                    values = {
+                        "message.timestamp.type": info.timestamp_type,
+                        "max.message.bytes": str(self.log.max_message_bytes),
+                        "cleanup.policy": "delete",
+                    }
+                    configs = [
+                        {"name": k, "value": v, "read_only": True, "config_source": 5, "is_sensitive": False}
+                        for k, v in values.items()
+                        if not r.configuration_keys or k in r.configuration_keys
+                    ]
+            results.append(
+                {
+                    "error_code": code,
+                    "error_message": message,
+                    "resource_type": r.resource_type,
+                    "resource_name": r.resource_name,
+                    "configs": configs,
+                }
+            )
+        return self._response(header, results=results)
+
+    # -- producers ---------------------------------------------------------------------
+    def init_producer_id(self, request: Any, header: P.RequestHeader) -> Any:
+        if request.transactional_id is not None:
+            self.metrics.count_kafka_error(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+            return self._response(
+                header, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1
+            )
+        return self._response(header, error_code=NONE, producer_id=self.log.next_producer_id(), producer_epoch=0)

@@ -1,0 +1,519 @@
+"""Kafka topics and partitions on luxun topics: produce, fetch, offsets, metadata.
+
+Storage (see :mod:`luxun.kafka`): partition p of topic T is the luxun topic
+``partition_topic(T, p)``. A record batch (magic 2) is validated from its header and
+CRC-32C and appended as ONE item of kind ``KIND_KAFKA_BATCH`` holding as many record
+offsets as it has records; the big array numbers the records (``next_offset``), so
+offsets mean what Kafka users expect and continue across restarts. A fetch reads the
+items holding the asked offset onwards and writes each batch's base offset into the
+reply (the stored bytes are never rewritten); items written by Thrift clients (one
+record each) are served as record batches built on the fly.
+
+A topic's Kafka settings live in ``kafka.json`` in the directory of its partition 0
+(``partitions``, ``topic_id``, ``timestamp_type``); a luxun topic without one is a
+one-partition topic with CreateTime and a topic id derived from its name. Java
+Luxun ignores the file.
+
+Idempotent producers: per partition, the last sequence numbers of each producer id
+(the last five batches, as Kafka) are kept in memory: a retried batch is answered
+with the offset it was stored at and not stored again; a gap is answered
+OUT_OF_ORDER_SEQUENCE_NUMBER. After a broker restart this state is rebuilt from the
+last batches of each partition when the partition is first produced to.
+
+Thread-safety: every method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import contextlib
+import json
+import logging
+import os
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from bigarray import ArrayClosedError, DiskFullError, InvalidNameError, ItemTooLargeError
+
+from ..topics import Topic, TopicLimitError, TopicManager
+from . import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
+from . import records as rec
+
+__all__ = ["FetchResult", "KafkaLog", "ProduceResult", "TopicInfo", "legal_topic_name", "visible_topic"]
+
+log = logging.getLogger(__name__)
+
+SETTINGS_FILE: Final = "kafka.json"
+_TOPIC_ID_NAMESPACE: Final = uuid.UUID("6c757875-6e2d-6b61-666b-612d746f7069")
+#: Kafka's legal topic names (other luxun topics are not shown to Kafka clients).
+_LEGAL: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+_MAX_NAME: Final = 249
+#: Batches of one producer remembered per partition for deduplication (Kafka: 5).
+_PRODUCER_BATCHES: Final = 5
+#: Items scanned back at a partition's first produce to rebuild producer state.
+_REBUILD_ITEMS: Final = 1000
+
+_I64 = struct.Struct(">q")
+
+# Kafka error codes used here (kio.schema.errors.ErrorCode values).
+NONE: Final = 0
+OFFSET_OUT_OF_RANGE: Final = 1
+CORRUPT_MESSAGE: Final = 2
+UNKNOWN_TOPIC_OR_PARTITION: Final = 3
+MESSAGE_TOO_LARGE: Final = 10
+INVALID_TOPIC_EXCEPTION: Final = 17
+RECORD_LIST_TOO_LARGE: Final = 18
+KAFKA_STORAGE_ERROR: Final = 56
+TOPIC_ALREADY_EXISTS: Final = 36
+INVALID_PARTITIONS: Final = 37
+INVALID_REPLICATION_FACTOR: Final = 38
+INVALID_CONFIG: Final = 40
+POLICY_VIOLATION: Final = 44
+OUT_OF_ORDER_SEQUENCE_NUMBER: Final = 45
+INVALID_PRODUCER_EPOCH: Final = 47
+TOPIC_DELETION_DISABLED: Final = 73
+UNKNOWN_SERVER_ERROR: Final = -1
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    topic_id: uuid.UUID
+    timestamp_type: str = "CreateTime"
+
+
+@dataclass
+class _ProducerState:
+    epoch: int
+    #: (first sequence, last sequence, base offset) of its last batches.
+    batches: collections.deque[tuple[int, int, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=_PRODUCER_BATCHES)
+    )
+
+
+@dataclass
+class _PartitionState:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    producers: dict[int, _ProducerState] = field(default_factory=dict)
+    rebuilt: bool = False
+
+
+@dataclass
+class ProduceResult:
+    error: int = NONE
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    message: str | None = None
+
+
+@dataclass
+class FetchResult:
+    error: int = NONE
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: bytes | None = None
+
+
+def legal_topic_name(name: str) -> str | None:
+    """None if ``name`` is a legal Kafka topic name, else why not."""
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name {name!r} is not allowed"
+    if len(name) > _MAX_NAME:
+        return f"topic name has {len(name)} characters; at most {_MAX_NAME} are allowed"
+    bad = sorted(set(name) - _LEGAL)
+    if bad:
+        return f"topic name {name!r} contains {''.join(bad)!r}; only ASCII letters, digits, '.', '_' and '-' are legal"
+    return None
+
+
+class KafkaLog:
+    """The Kafka view of a :class:`~luxun.topics.TopicManager`'s topics.
+
+    Args:
+        topics: the broker's topics (shared with the Thrift port).
+        num_partitions: partitions of an auto-created topic (``num.partitions``).
+        delete_enable: whether DeleteTopics may delete (``delete.topic.enable``).
+        max_message_bytes: largest record batch accepted (``message.max.bytes``).
+    """
+
+    def __init__(
+        self,
+        topics: TopicManager,
+        *,
+        num_partitions: int = 1,
+        delete_enable: bool = False,
+        max_message_bytes: int = 1 << 20,
+    ) -> None:
+        self.topics = topics
+        self.num_partitions = num_partitions
+        self.delete_enable = delete_enable
+        self.max_message_bytes = max_message_bytes
+        self._infos: dict[str, TopicInfo] = {}
+        self._infos_lock = threading.Lock()
+        self._states: dict[str, _PartitionState] = {}
+        self._states_lock = threading.Lock()
+        self._producer_ids = int(time.time() * 1000) << 10
+        self._producer_lock = threading.Lock()
+
+    # -- topics ------------------------------------------------------------------------
+    def _settings_path(self, topic: str) -> str:
+        return os.path.join(self.topics.data_dir, topic, SETTINGS_FILE)
+
+    def describe(self, topic: str) -> TopicInfo | None:
+        """The topic's partitions, id and timestamp type; None if it does not exist."""
+        info = self._infos.get(topic)
+        if info is not None and self.topics.known(topic):
+            return info
+        if not self.topics.known(topic) or legal_topic_name(topic) is not None:
+            return None
+        settings: dict[str, Any] = {}
+        with contextlib.suppress(ValueError, OSError), open(self._settings_path(topic), encoding="utf-8") as f:
+            settings = json.load(f)
+        try:
+            topic_id = uuid.UUID(str(settings["topic_id"]))
+        except (KeyError, ValueError):
+            topic_id = uuid.uuid5(_TOPIC_ID_NAMESPACE, topic)
+        info = TopicInfo(
+            topic,
+            max(1, int(settings.get("partitions", 1))),
+            topic_id,
+            str(settings.get("timestamp_type", "CreateTime")),
+        )
+        with self._infos_lock:
+            self._infos[topic] = info
+        return info
+
+    def list_topics(self) -> list[TopicInfo]:
+        """Every topic a Kafka client may see (luxun topics with legal Kafka names)."""
+        out = []
+        for name in self.topics.names():
+            if PARTITION_SEPARATOR in name:
+                continue
+            info = self.describe(name)
+            if info is not None:
+                out.append(info)
+        return out
+
+    def create(
+        self, topic: str, partitions: int, *, timestamp_type: str = "CreateTime", validate_only: bool = False
+    ) -> tuple[int, str | None]:
+        """Create a topic with ``partitions`` partitions: ``(error code, message)``."""
+        why = legal_topic_name(topic)
+        if why is not None:
+            return INVALID_TOPIC_EXCEPTION, why
+        if partitions < 1:
+            return INVALID_PARTITIONS, f"number of partitions must be at least 1, not {partitions}"
+        if partitions > 10_000:
+            return INVALID_PARTITIONS, f"at most 10000 partitions per topic, not {partitions}"
+        if timestamp_type not in ("CreateTime", "LogAppendTime"):
+            return INVALID_CONFIG, f"message.timestamp.type must be CreateTime or LogAppendTime, not {timestamp_type!r}"
+        if self.describe(topic) is not None:
+            return TOPIC_ALREADY_EXISTS, f"topic {topic!r} already exists"
+        if validate_only:
+            return NONE, None
+        try:
+            for p in range(partitions - 1, -1, -1):  # partition 0 last: the topic exists once it is there
+                self.topics.get_or_create(partition_topic(topic, p))
+            settings = {"partitions": partitions, "topic_id": str(uuid.uuid4()), "timestamp_type": timestamp_type}
+            tmp = self._settings_path(topic) + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(settings, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._settings_path(topic))
+        except (TopicLimitError, InvalidNameError) as exc:
+            return POLICY_VIOLATION, str(exc)
+        except OSError as exc:
+            return KAFKA_STORAGE_ERROR, f"cannot create topic {topic!r}: {exc}"
+        with self._infos_lock:
+            self._infos.pop(topic, None)
+        log.info("created topic %r with %d partitions (Kafka)", topic, partitions)
+        return NONE, None
+
+    def auto_create(self, topic: str) -> tuple[int, str | None]:
+        """Create ``topic`` with ``num.partitions`` if auto-creation is on."""
+        if not self.topics.auto_create:
+            return UNKNOWN_TOPIC_OR_PARTITION, "auto.create.topics.enable is false"
+        code, message = self.create(topic, self.num_partitions)
+        return (NONE, None) if code == TOPIC_ALREADY_EXISTS else (code, message)
+
+    def delete(self, topic: str) -> tuple[int, str | None]:
+        if not self.delete_enable:
+            return TOPIC_DELETION_DISABLED, "topic deletion is disabled (delete.topic.enable=false)"
+        info = self.describe(topic)
+        if info is None:
+            return UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist"
+        with self._infos_lock:
+            self._infos.pop(topic, None)
+        for p in range(info.partitions):
+            name = partition_topic(topic, p)
+            self.topics.delete(name)
+            with self._states_lock:
+                self._states.pop(name, None)
+        return NONE, None
+
+    # -- partitions --------------------------------------------------------------------
+    def _partition(self, topic: str, partition: int) -> Topic | None:
+        info = self.describe(topic)
+        if info is None or not 0 <= partition < info.partitions:
+            return None
+        name = partition_topic(topic, partition)
+        return self.topics.get(name) or self.topics.open(name)
+
+    def _state(self, name: str) -> _PartitionState:
+        state = self._states.get(name)
+        if state is None:
+            with self._states_lock:
+                state = self._states.setdefault(name, _PartitionState())
+        return state
+
+    def next_producer_id(self) -> int:
+        with self._producer_lock:
+            self._producer_ids += 1
+            return self._producer_ids
+
+    def produce(self, topic: str, partition: int, records: bytes | None) -> ProduceResult:
+        """Append the record batches of one partition of a Produce request."""
+        try:
+            batches = rec.split_batches(records or b"")
+        except rec.BatchError as exc:
+            return ProduceResult(error=exc.code, message=str(exc))
+        if not batches:
+            return ProduceResult(error=CORRUPT_MESSAGE, message="no record batch in the request")
+        for b in batches:
+            if len(b.data) > self.max_message_bytes:
+                return ProduceResult(
+                    error=MESSAGE_TOO_LARGE,
+                    message=f"record batch of {len(b.data)} bytes is larger than "
+                    f"message.max.bytes={self.max_message_bytes}",
+                )
+        info = self.describe(topic)
+        for _attempt in range(3):
+            part = self._partition(topic, partition)
+            if part is None or info is None:
+                return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+            state = self._state(part.name)
+            try:
+                with state.lock:
+                    return self._append(part, state, batches, info.timestamp_type == "LogAppendTime")
+            except ArrayClosedError:
+                continue  # closed to make room, or deleted: look again
+            except ItemTooLargeError as exc:
+                return ProduceResult(error=MESSAGE_TOO_LARGE, message=str(exc))
+            except DiskFullError as exc:
+                return ProduceResult(error=KAFKA_STORAGE_ERROR, message=str(exc))
+        return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+
+    def _append(self, part: Topic, state: _PartitionState, batches: Sequence[Any], log_append: bool) -> ProduceResult:
+        array = part.queue.array
+        if not state.rebuilt:
+            self._rebuild_producers(array, state)
+        duplicate = self._check_sequences(state, batches)
+        if isinstance(duplicate, ProduceResult):
+            duplicate.log_start_offset = array.log_start_offset
+            return duplicate
+        now = int(time.time() * 1000)
+        items = [rec.with_log_append_time(b.data, now) if log_append else b.data for b in batches]
+        counts = [b.record_count for b in batches]
+        first = array.append_many(items, counts, KIND_KAFKA_BATCH)
+        base = array.first_offset(first)
+        offset = base
+        for b in batches:
+            if b.producer_id >= 0:
+                ps = state.producers.setdefault(b.producer_id, _ProducerState(b.producer_epoch))
+                ps.epoch = b.producer_epoch
+                ps.batches.append((b.base_sequence, b.base_sequence + b.record_count - 1, offset))
+            offset += b.record_count
+        stats = part.stats
+        stats.items_in += sum(counts)
+        stats.bytes_in += sum(len(i) for i in items)
+        part.notify()
+        return ProduceResult(
+            base_offset=base, log_append_time=now if log_append else -1, log_start_offset=array.log_start_offset
+        )
+
+    @staticmethod
+    def _check_sequences(state: _PartitionState, batches: Sequence[Any]) -> ProduceResult | None:
+        """A duplicate of a stored batch (its result), a sequence error, or None."""
+        for b in batches:
+            if b.producer_id < 0:
+                continue
+            ps = state.producers.get(b.producer_id)
+            if ps is None:
+                continue
+            if b.producer_epoch < ps.epoch:
+                return ProduceResult(error=INVALID_PRODUCER_EPOCH, message="producer epoch is older than the last seen")
+            if b.producer_epoch > ps.epoch:
+                continue  # a new epoch starts its sequences again
+            last = b.base_sequence + b.record_count - 1
+            for first_seq, last_seq, offset in ps.batches:
+                if first_seq == b.base_sequence and last_seq == last:
+                    return ProduceResult(base_offset=offset)
+            if ps.batches:
+                expected = (ps.batches[-1][1] + 1) & 0x7FFFFFFF
+                if b.base_sequence != expected:
+                    return ProduceResult(
+                        error=OUT_OF_ORDER_SEQUENCE_NUMBER,
+                        message=f"sequence {b.base_sequence} of producer {b.producer_id}, expected {expected}",
+                    )
+        return None
+
+    @staticmethod
+    def _rebuild_producers(array: Any, state: _PartitionState) -> None:
+        """Producer sequences of the partition's last batches (after a restart)."""
+        state.rebuilt = True
+        head, tail = array.head, array.tail
+        start = max(tail, head - _REBUILD_ITEMS)
+        if start >= head:
+            return
+        try:
+            ends, kinds = array.offset_fields(start, head - start)
+            first_offsets = [array.first_offset(start)] + [int(e) for e in ends[:-1]]
+            for i in range(head - start):
+                if int(kinds[i]) != KIND_KAFKA_BATCH:
+                    continue
+                header = rec.split_batches(array.get(start + i), from_client=False)[0]
+                if header.producer_id < 0:
+                    continue
+                ps = state.producers.setdefault(header.producer_id, _ProducerState(header.producer_epoch))
+                ps.epoch = max(ps.epoch, header.producer_epoch)
+                ps.batches.append(
+                    (header.base_sequence, header.base_sequence + header.record_count - 1, first_offsets[i])
+                )
+        except Exception:  # a damaged old batch must not stop produce
+            log.warning("could not rebuild producer sequences of %s", array.path, exc_info=True)
+
+    # -- reading -----------------------------------------------------------------------
+    def offsets(self, topic: str, partition: int) -> tuple[int, int, int] | None:
+        """``(log start offset, high watermark, error)`` of a partition."""
+        part = self._partition(topic, partition)
+        if part is None:
+            return None
+        array = part.queue.array
+        return array.log_start_offset, array.next_offset, NONE
+
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
+        """Record batches from ``offset`` on, about ``max_bytes`` (at least one batch)."""
+        for _attempt in range(3):
+            part = self._partition(topic, partition)
+            if part is None:
+                return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+            try:
+                return self._read(part, offset, max_bytes)
+            except ArrayClosedError:
+                continue
+        return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+
+    def _read(self, part: Topic, offset: int, max_bytes: int) -> FetchResult:
+        array = part.queue.array
+        start, end = array.log_start_offset, array.next_offset
+        if offset < start or offset > end:
+            return FetchResult(error=OFFSET_OUT_OF_RANGE, high_watermark=end, log_start_offset=start)
+        if offset == end:
+            return FetchResult(high_watermark=end, log_start_offset=start, records=b"")
+        index = array.find_offset(offset)
+        lengths, blob = array.read_range_blob(index, max_bytes=max(1, max_bytes))
+        count = len(lengths)
+        ends, kinds = array.offset_fields(index, count)
+        first = array.first_offset(index)
+        out = self._as_batches(array, index, first, lengths, blob, ends, kinds)
+        part.stats.items_out += int(ends[-1]) - first if count else 0
+        part.stats.bytes_out += len(out)
+        return FetchResult(high_watermark=end, log_start_offset=start, records=out)
+
+    @staticmethod
+    def _as_batches(array: Any, index: int, first: int, lengths: Any, blob: bytes, ends: Any, kinds: Any) -> bytes:
+        count = len(lengths)
+        if count and not (kinds != KIND_KAFKA_BATCH).any():
+            out = bytearray(blob)
+            pos = 0
+            base = first
+            for i in range(count):
+                _I64.pack_into(out, pos, base)
+                pos += int(lengths[i])
+                base = int(ends[i])
+            return bytes(out)
+        # Mixed: Thrift-written items become batches of their own records.
+        parts: list[bytes] = []
+        pos = 0
+        base = first
+        i = 0
+        while i < count:
+            if int(kinds[i]) == KIND_KAFKA_BATCH:
+                n = int(lengths[i])
+                parts.append(_I64.pack(base) + blob[pos + 8 : pos + n])
+                pos += n
+                base = int(ends[i])
+                i += 1
+                continue
+            j = i
+            while j < count and int(kinds[j]) != KIND_KAFKA_BATCH:
+                j += 1
+            items = []
+            for k in range(i, j):
+                n = int(lengths[k])
+                items.append(blob[pos : pos + n])
+                pos += n
+            parts.append(rec.luxun_items_to_batch(items, base, array.timestamps(index + i, j - i)))
+            base = int(ends[j - 1])
+            i = j
+        return b"".join(parts)
+
+    def list_offset(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
+        """``(error, offset, timestamp)`` for ListOffsets: -1 latest, -2 earliest,
+        -3 the record with the largest timestamp, else the first item appended at or
+        after ``timestamp`` (by the broker's append time), -1 if none."""
+        part = self._partition(topic, partition)
+        if part is None:
+            return UNKNOWN_TOPIC_OR_PARTITION, -1, -1
+        array = part.queue.array
+        if timestamp == -1:
+            return NONE, array.next_offset, -1
+        if timestamp == -2:
+            return NONE, array.log_start_offset, -1
+        tail, head = array.tail, array.head
+        if tail == head:
+            return NONE, -1, -1
+        if timestamp == -3:
+            return NONE, array.first_offset(head - 1), array.timestamp(head - 1)
+        pos = tail + bisect.bisect_left(range(tail, head), timestamp, key=array.timestamp)
+        if pos == head:
+            return NONE, -1, -1
+        return NONE, array.first_offset(pos), array.timestamp(pos)
+
+    # -- waiting -----------------------------------------------------------------------
+    def wait(self, partitions: Iterable[tuple[str, int]], until: float, enough: Any) -> None:
+        """Block until ``enough()`` is true, a produce to one of ``partitions`` wakes us
+        and ``enough()`` is then true, or the monotonic time ``until``."""
+        event = threading.Event()
+        watched: list[Topic] = []
+        try:
+            for topic, p in partitions:
+                part = self._partition(topic, p)
+                if part is not None:
+                    part.watch(event)
+                    watched.append(part)
+            while not enough():
+                left = until - time.monotonic()
+                if left <= 0 or self.topics.closed:
+                    return
+                event.wait(left)
+                event.clear()
+        finally:
+            for part in watched:
+                part.unwatch(event)
+
+
+def visible_topic(name: str) -> bool:
+    """Whether luxun topic ``name`` is a Kafka topic (not a partition p > 0)."""
+    return partition_of(name)[1] == 0 and legal_topic_name(name) is None
