@@ -242,7 +242,7 @@ class GroupCoordinator:
     """
 
     #: API key -> (min, max) version handled (what ApiVersions may advertise).
-    SUPPORTED_VERSIONS: ClassVar[dict[int, tuple[int, int]]] = {
+    VERSIONS: ClassVar[dict[int, tuple[int, int]]] = {
         OFFSET_COMMIT: (2, 9),  # v10 names topics by id
         OFFSET_FETCH: (1, 9),  # v10 names topics by id
         FIND_COORDINATOR: (0, 6),
@@ -313,6 +313,8 @@ class GroupCoordinator:
         handler = self._handlers.get(api_key)
         if handler is None:
             raise ValueError(f"the group coordinator does not handle API key {api_key}")
+        if not client_host.startswith("/"):  # as Kafka shows it (InetAddress.toString)
+            client_host = "/" + client_host
         values = handler(request, version, client_id or "", client_host)
         return build(response_schema(api_key, version), **values)
 
@@ -630,8 +632,7 @@ class GroupCoordinator:
         self._remove(group, member)
         if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self._prepare_rebalance(group, now, reason)
-        elif group.state is GroupState.PREPARING_REBALANCE:
-            self._maybe_complete_join(group, now)
+        self._maybe_complete_join(group, now)  # at once when no member is left to wait for
 
     def _tick(self, group: _Group, now: float) -> None:
         """Expire sessions, pending member ids and SyncGroups not sent in time; end a
