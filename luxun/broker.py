@@ -24,6 +24,7 @@ from types import FrameType
 from idl import QueueService
 
 from .config import BrokerConfig, check_password
+from .kafka.groups import GroupCoordinator
 from .kafka.handlers import KafkaHandler
 from .kafka.log import KafkaLog
 from .kafka.server import KafkaServer
@@ -222,6 +223,9 @@ class Broker:
                 tick_s=tick_s,
             )
         except BaseException:
+            groups = getattr(self, "kafka_groups", None)
+            if groups is not None:
+                groups.close()
             self.topics.close()
             raise
         self._stopped = threading.Event()
@@ -235,8 +239,21 @@ class Broker:
             delete_enable=config.delete_topic_enable,
             max_message_bytes=config.kafka_message_max_bytes,
         )
+        self.kafka_groups = GroupCoordinator(
+            self.topics,
+            node_id=config.broker_id,
+            host=host,
+            port=config.kafka_port,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        )
+        self.metrics.kafka_groups = self.kafka_groups
         self.kafka_handler = KafkaHandler(
-            kafka_log, node_id=config.broker_id, host=host, port=config.kafka_port, metrics=self.metrics
+            kafka_log,
+            node_id=config.broker_id,
+            host=host,
+            port=config.kafka_port,
+            groups=self.kafka_groups,
+            metrics=self.metrics,
         )
         server = KafkaServer(
             self.kafka_handler,
@@ -247,6 +264,7 @@ class Broker:
         )
         self.kafka_handler.host = config.kafka_advertised_host or host
         self.kafka_handler.port = config.kafka_advertised_port or server.address[1]
+        self.kafka_groups.host, self.kafka_groups.port = self.kafka_handler.host, self.kafka_handler.port
         return server
 
     @property
@@ -291,6 +309,7 @@ class Broker:
         self.topics.wake_all()
         self.server.stop()
         if self.kafka_server is not None:
+            self.kafka_groups.close()  # answers the JoinGroups and SyncGroups waiting
             self.kafka_server.stop()
         self.maintenance.stop()
         if self.metrics_server is not None:

@@ -11,7 +11,6 @@ Thread-safety: ``observe`` may be called from any thread (a lock guards the maps
 from __future__ import annotations
 
 import bisect
-import collections
 import errno
 import html
 import json
@@ -74,8 +73,9 @@ class Metrics:
         #: Kafka port: requests by (API key, version) and error codes answered.
         self.kafka_requests: dict[tuple[int, int], int] = {}
         self.kafka_errors: dict[int, int] = {}
-        #: Kafka consumer groups: name -> state (set by the group coordinator).
-        self.kafka_group_states: Callable[[], dict[str, str]] | None = None
+        #: The Kafka port's group coordinator (``luxun.kafka.groups.GroupCoordinator``)
+        #: when the broker runs one: its ``group_states()`` and ``rebalances_total``.
+        self.kafka_groups: Any = None
 
     def count_kafka_request(self, api_key: int, version: int) -> None:
         key = (api_key, version)
@@ -153,11 +153,12 @@ class Metrics:
         family("luxun_kafka_errors_total", "counter", "Kafka-protocol error codes answered, by code.")
         for code, n in sorted(kafka_errors.items()):
             out.append(f'luxun_kafka_errors_total{{code="{code}",name="{_kafka_error_name(code)}"}} {n}')
-        if self.kafka_group_states is not None:
-            family("luxun_kafka_groups", "gauge", "Kafka consumer groups, by state.")
-            states = collections.Counter(self.kafka_group_states().values())
-            for state, n in sorted(states.items()):
+        if self.kafka_groups is not None:
+            family("luxun_kafka_groups", "gauge", "Kafka consumer groups known to the coordinator, by state.")
+            for state, n in sorted(self.kafka_groups.group_states().items()):
                 out.append(f'luxun_kafka_groups{{state="{state}"}} {n}')
+            family("luxun_kafka_group_rebalances_total", "counter", "Kafka group rebalances completed (generations).")
+            out.append(f"luxun_kafka_group_rebalances_total {self.kafka_groups.rebalances_total}")
 
         rows = [_topic_row(t) for t in topics]
         per_topic = (
@@ -242,12 +243,12 @@ def status_page(topics: Iterable[Any], metrics: Metrics, title: str) -> str:
         for code, n in sorted(kafka_errors.items()):
             parts.append(f"<tr><td>{html.escape(_kafka_error_name(code))}</td><td>{code}</td><td>{n:,}</td></tr>")
         parts.append("</table>")
-    if metrics.kafka_group_states is not None:
-        group_states = metrics.kafka_group_states()
-        parts.append("<h2>Kafka consumer groups</h2><table><tr><th>group</th><th>state</th></tr>")
-        for name, state in sorted(group_states.items()):
-            parts.append(f"<tr><td>{html.escape(name)}</td><td>{html.escape(state)}</td></tr>")
-        parts.append("</table>")
+    if metrics.kafka_groups is not None:
+        group_states = metrics.kafka_groups.group_states()
+        parts.append("<h2>Kafka consumer groups</h2><table><tr><th>state</th><th>groups</th></tr>")
+        for state, n in sorted(group_states.items()):
+            parts.append(f"<tr><td>{html.escape(str(state))}</td><td>{n:,}</td></tr>")
+        parts.append(f"</table><p>{metrics.kafka_groups.rebalances_total:,} rebalances</p>")
     parts.append("</body></html>")
     return "".join(parts)
 

@@ -1,0 +1,206 @@
+"""Kafka committed offsets, kept on the topics' committed positions.
+
+Kafka group ``G``'s committed offset on partition ``p`` of topic ``T`` is the committed
+position of fanout group ``G`` on the luxun topic ``partition_topic(T, p)``
+(``committed_<G>/page-0.dat`` in that topic's directory, see ``bigarray.format``):
+
+* the index is the item that holds the committed record offset
+  (``BigArray.find_offset``: a Kafka offset inside a batch item commits that item), so
+  a Thrift client's ``getCommitted`` of group ``G`` reads on from the same place (it
+  re-reads the whole item: at-least-once);
+* the exact record offset is stored beside it (``FanoutQueue.commit(..., offset=)``)
+  and is what OffsetFetch answers; a position committed by a Thrift client (an index
+  without an offset) reads as the first offset of that item.
+
+So commits are crash-safe (written through the mapped page before the answer) and
+survive a broker restart. The commit's metadata string is kept in memory only (it is
+lost on a restart; OffsetFetch then answers ``""``).
+
+A group that has committed a position is an at-least-once group for the Thrift port
+too (``luxun/service.py``): consumes of it that move the position on their own are
+refused there.
+
+Thread-safety: every method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from bigarray import ArrayClosedError, IndexOutOfRangeError
+from bigarray.format import COMMITTED_DIR_PREFIX
+
+from ..logs import RateLimitedLog
+from ..topics import Topic, TopicManager
+from . import partition_of, partition_topic
+
+__all__ = ["NO_OFFSET", "OffsetStore"]
+
+log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
+
+#: The committed offset of a partition the group never committed (Kafka's INVALID_OFFSET).
+NO_OFFSET = -1
+
+#: Kafka's offset.metadata.max.bytes default.
+DEFAULT_MAX_METADATA_BYTES = 4096
+
+
+class OffsetStore:
+    """Commits and reads Kafka group offsets on the topics of ``topics``.
+
+    Args:
+        topics: the broker's topic manager.
+        max_metadata_bytes: longest commit metadata string accepted (UTF-8 bytes);
+            longer ones get OFFSET_METADATA_TOO_LARGE.
+    """
+
+    def __init__(self, topics: TopicManager, *, max_metadata_bytes: int = DEFAULT_MAX_METADATA_BYTES) -> None:
+        self.topics = topics
+        self.max_metadata_bytes = max_metadata_bytes
+        self._lock = threading.Lock()
+        #: (group, luxun topic) -> the metadata of the last commit (in memory only).
+        self._metadata: dict[tuple[str, str], str] = {}
+
+    def commit(self, group: str, topic: str, partition: int, offset: int, metadata: str | None) -> ErrorCode:
+        """Commit ``offset`` (the next record the group reads) of ``group`` on
+        ``partition`` of ``topic``; the error code of the partition's answer."""
+        if metadata is not None and len(metadata.encode()) > self.max_metadata_bytes:
+            return ErrorCode.offset_metadata_too_large
+        if offset < 0:  # Kafka stores it; a committed position cannot point before offset 0
+            return ErrorCode.invalid_request
+        name = _luxun_name(topic, partition)
+        if name is None:
+            return ErrorCode.unknown_topic_or_partition
+
+        def do(t: Topic) -> ErrorCode:
+            queue = t.queue
+            array = queue.array
+            try:
+                queue.commit(group, array.find_offset(offset), offset=offset)
+            except IndexOutOfRangeError:  # retention moved tail past it meanwhile
+                queue.commit(group, array.find_offset(offset), offset=offset)
+            with self._lock:
+                if metadata:
+                    self._metadata[(group, name)] = metadata
+                else:
+                    self._metadata.pop((group, name), None)
+            return ErrorCode.none
+
+        return self._on_topic(name, do, "commit", ErrorCode.unknown_topic_or_partition)
+
+    def fetch(self, group: str, topic: str, partition: int) -> tuple[int, str, ErrorCode]:
+        """``(committed offset, metadata, error code)`` of ``group`` on ``partition`` of
+        ``topic``: ``(-1, "", NONE)`` when it has none (or the partition does not exist,
+        as Kafka answers)."""
+        name = _luxun_name(topic, partition)
+        if name is None:
+            return NO_OFFSET, "", ErrorCode.none
+        found: list[int] = []
+
+        def do(t: Topic) -> ErrorCode:
+            found.append(_committed_offset(t, group))
+            return ErrorCode.none
+
+        error = self._on_topic(name, do, "fetch", ErrorCode.none)
+        offset = found[0] if found else NO_OFFSET
+        if offset == NO_OFFSET:
+            return NO_OFFSET, "", error
+        with self._lock:
+            metadata = self._metadata.get((group, name), "")
+        return offset, metadata, error
+
+    def partitions(self, group: str) -> list[tuple[str, int]]:
+        """Every (topic, partition) where ``group`` has a committed position, sorted
+        (one directory look-up per topic)."""
+        out = []
+        data_dir = self.topics.data_dir
+        for name in self.topics.names():
+            if os.path.isdir(os.path.join(data_dir, name, COMMITTED_DIR_PREFIX + group)):
+                out.append(partition_of(name))
+        return sorted(out)
+
+    def has_offsets(self, group: str) -> bool:
+        """True if ``group`` has a committed position on some topic."""
+        return bool(self.partitions(group))
+
+    def groups(self) -> set[str]:
+        """Every group with a committed position on some topic (a scan of the topics'
+        directories)."""
+        out: set[str] = set()
+        data_dir = self.topics.data_dir
+        for name in self.topics.names():
+            try:
+                entries = os.listdir(os.path.join(data_dir, name))
+            except OSError:
+                continue
+            out.update(e[len(COMMITTED_DIR_PREFIX) :] for e in entries if e.startswith(COMMITTED_DIR_PREFIX))
+        return out
+
+    def delete_group(self, group: str) -> None:
+        """Forget ``group``'s positions (committed and not) on every topic."""
+        for topic, partition in self.partitions(group):
+            name = partition_topic(topic, partition)
+
+            def do(t: Topic) -> ErrorCode:
+                t.queue.remove_group(group)
+                return ErrorCode.none
+
+            if self._on_topic(name, do, "delete", ErrorCode.none) is not ErrorCode.none:
+                # not open-able: remove the directories (the topic is not in use)
+                shutil.rmtree(os.path.join(self.topics.data_dir, name, COMMITTED_DIR_PREFIX + group), True)
+        with self._lock:
+            for key in [k for k in self._metadata if k[0] == group]:
+                del self._metadata[key]
+
+    def _on_topic(self, name: str, action: Callable[[Topic], ErrorCode], what: str, missing: ErrorCode) -> ErrorCode:
+        """``action(topic)`` on luxun topic ``name`` (opened if needed; once more if it
+        was closed under it to make room); ``missing`` when there is no such topic."""
+        try:
+            for _ in range(2):
+                topic = self.topics.get(name) or self.topics.open(name)
+                if topic is None:
+                    return missing
+                try:
+                    return action(topic)
+                except ArrayClosedError:
+                    continue
+        except Exception:
+            _limited.exception(f"offsets-{what}", "offset %s on topic %r failed", what, name)
+            return ErrorCode.unknown_server_error
+        return ErrorCode.coordinator_load_in_progress  # closed twice in a row: the client retries
+
+
+def _luxun_name(topic: Any, partition: Any) -> str | None:
+    """The luxun topic of (topic, partition), None when no such partition can exist."""
+    if not isinstance(topic, str) or not topic or not isinstance(partition, int) or partition < 0:
+        return None
+    try:
+        name = partition_topic(topic, partition)
+        TopicManager.validate(name)
+    except ValueError:
+        return None
+    return name
+
+
+def _committed_offset(topic: Topic, group: str) -> int:
+    """The group's committed record offset on ``topic``, -1 if it never committed."""
+    queue = topic.queue
+    offset: int | None = queue.committed_offset(group)
+    if offset is not None:
+        return offset
+    index = queue.committed(group)
+    if index is None:
+        return NO_OFFSET
+    array = queue.array
+    index = max(index, array.tail)
+    if index >= array.head:
+        return int(array.next_offset)
+    return int(array.first_offset(index))
