@@ -85,6 +85,16 @@ EXPECTED: list[list[bytes] | bytes] = [
 ]
 
 
+# More items than _may_hold_batches looks at one by one: raw Thrift items with a 2 at
+# byte 16 (like a batch's magic; they stay raw) and three batches among them.
+MANY: list[tuple[bytes, int, int]] = [(bytes(16) + b"\x02" + b"raw %03d" % i + bytes(80), 1, 0) for i in range(100)]
+for _at in (3, 80, 99):
+    MANY[_at] = (kafka_batch([b"batch at %d" % _at, None], _at % 5), 2, KIND_KAFKA_BATCH)
+MANY_EXPECTED: list[list[bytes] | bytes] = [
+    [b"batch at %d" % i, b""] if kind == KIND_KAFKA_BATCH else item for i, (item, _, kind) in enumerate(MANY)
+]
+
+
 def seen(item: bytes, want: list[bytes] | bytes) -> bool:
     return item == want if isinstance(want, bytes) else decode_pack(item) == want
 
@@ -97,6 +107,12 @@ def broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BrokerPro
         for item, count, kind in LAYOUT:
             queue.enqueue(item, count, kind)
         assert queue.array.next_offset == sum(count for _, count, _ in LAYOUT)
+    finally:
+        queue.close()
+    queue = FanoutQueue(str(data / "many"))
+    try:
+        for item, count, kind in MANY:
+            queue.enqueue(item, count, kind)
     finally:
         queue.close()
     proc = BrokerProcess(data, tmp_path / "broker.log").start()
@@ -129,6 +145,17 @@ def test_fetch_by_index_turns_batches_into_packs(client: Any, broker: BrokerProc
     part = consume(client, startIndex=4, maxFetchSize=1 << 20, withTimestamps=True)
     assert part.firstIndex == 4 and len(part.timestampList) == len(part.itemList) == len(EXPECTED) - 4
     assert all(seen(item, want) for item, want in zip(part.itemList, EXPECTED[4:], strict=True))
+
+
+@pytest.mark.parametrize("fields", [{"startIndex": 0}, {"fanoutId": "g"}])
+def test_a_fetch_of_many_items_finds_the_batches_among_them(client: Any, fields: dict[str, Any]) -> None:
+    response = client.consume(T.ConsumeRequest(topic="many", maxFetchSize=1 << 20, **fields))
+    assert response.result.resultCode == R.SUCCESS and len(response.itemList) == len(MANY) > 64
+    for i, (item, want) in enumerate(zip(response.itemList, MANY_EXPECTED, strict=True)):
+        assert seen(item, want), i
+    plain = client.consume(T.ConsumeRequest(topic="many", startIndex=4, maxFetchSize=76 * 104)).itemList
+    assert 64 < len(plain) <= 76  # none is a batch: the blob as read
+    assert plain == [item for item, _, _ in MANY[4 : 4 + len(plain)]]
 
 
 def test_single_items_by_index(client: Any) -> None:
