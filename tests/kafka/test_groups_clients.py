@@ -50,7 +50,24 @@ while time.monotonic() < deadline:
     print(json.dumps(sorted(tp.partition for tp in consumer.assignment())), flush=True)
 """.replace("SESSION_MS", str(SESSION_MS))
 
-MEMBERS = {"kafka-python": KAFKA_PYTHON_MEMBER, "confluent-kafka": CONFLUENT_MEMBER}
+AIOKAFKA_MEMBER = """
+import asyncio, json, sys, time
+from aiokafka import AIOKafkaConsumer
+
+async def main():
+    consumer = AIOKafkaConsumer(sys.argv[2], group_id=sys.argv[3], bootstrap_servers=sys.argv[1],
+                                session_timeout_ms=SESSION_MS, heartbeat_interval_ms=1000,
+                                enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        await consumer.getmany(timeout_ms=200)
+        print(json.dumps(sorted(tp.partition for tp in consumer.assignment())), flush=True)
+
+asyncio.run(main())
+""".replace("SESSION_MS", str(SESSION_MS))
+
+MEMBERS = {"kafka-python": KAFKA_PYTHON_MEMBER, "confluent-kafka": CONFLUENT_MEMBER, "aiokafka": AIOKAFKA_MEMBER}
 
 
 class Member:
@@ -129,11 +146,32 @@ def test_two_members_split_the_partitions_and_the_survivor_takes_a_killed_ones(
         took = wait_for(lambda: a.assignment == everything, SESSION_MS / 1000 + 10, "the survivor owns all", broker)
         # the killed member is noticed when its session ends, and the survivor hears of the
         # rebalance at its next heartbeat (1 s): nothing much before, nothing much after
+        print(f"{client}: the survivor owned every partition {took:.1f} s after the kill")
         assert SESSION_MS / 1000 - 1.5 < took < SESSION_MS / 1000 + 5, took
     finally:
         a.stop()
         if b is not None:
             b.stop()
+
+
+def test_members_of_different_clients_share_a_group(broker: BrokerProcess, tmp_path: Path) -> None:
+    """kafka-python and confluent-kafka in one group: a protocol both support is chosen
+    (range) and the leader's assignment reaches the other client."""
+    create_topic(broker, "mixed", PARTITIONS)
+    a = Member(KAFKA_PYTHON_MEMBER, broker.bootstrap, "mixed", "g", tmp_path / "a.log")
+    b = Member(CONFLUENT_MEMBER, broker.bootstrap, "mixed", "g", tmp_path / "b.log")
+    c = Member(AIOKAFKA_MEMBER, broker.bootstrap, "mixed", "g", tmp_path / "c.log")
+    members = (a, b, c)
+    try:
+
+        def split() -> bool:
+            owned = [m.assignment or [] for m in members]
+            return all(owned) and sorted(p for o in owned for p in o) == list(range(PARTITIONS))
+
+        wait_for(split, 45, "three clients split the partitions", broker)
+    finally:
+        for m in members:
+            m.stop()
 
 
 def produce(broker: BrokerProcess, topic: str, n: int, *, batch: int) -> None:
@@ -268,3 +306,36 @@ def _request(group: str) -> object:
     from confluent_kafka import ConsumerGroupTopicPartitions
 
     return ConsumerGroupTopicPartitions(group)
+
+
+def test_aiokafka_commit_survives_a_broker_restart(broker: BrokerProcess) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    create_topic(broker, "ak", 1)
+    produce(broker, "ak", 20, batch=5)
+    tp = TopicPartition("ak", 0)
+
+    async def consume(n: int, commit_at: int | None) -> tuple[list[int], int | None]:
+        c = AIOKafkaConsumer("ak", group_id="resume", bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", session_timeout_ms=SESSION_MS)  # fmt: skip
+        await c.start()
+        try:
+            got: list[int] = []
+            deadline = time.monotonic() + 30
+            while len(got) < n and time.monotonic() < deadline:
+                for records in (await c.getmany(timeout_ms=200)).values():
+                    got.extend(int(r.value) for r in records)
+            if commit_at is not None:
+                await c.commit({tp: commit_at})
+            return got, await c.committed(tp)
+        finally:
+            await c.stop()
+
+    got, committed = asyncio.run(consume(20, commit_at=8))
+    assert got == list(range(20)) and committed == 8
+    assert broker.stop() == 0
+    broker.start()
+    got, committed = asyncio.run(consume(12, commit_at=None))
+    assert committed == 8 and got == list(range(8, 20))
