@@ -339,3 +339,84 @@ def test_aiokafka_commit_survives_a_broker_restart(broker: BrokerProcess) -> Non
     broker.start()
     got, committed = asyncio.run(consume(12, commit_at=None))
     assert committed == 8 and got == list(range(8, 20))
+
+
+class RawClient:
+    """Kafka requests of non-flexible versions over one socket (to hold a JoinGroup open)."""
+
+    def __init__(self, broker: BrokerProcess) -> None:
+        import socket
+
+        self.sock = socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=30)
+        self.correlation = 0
+
+    def send(self, api: int, version: int, **values: object) -> None:
+        import io
+        import struct
+
+        from kio.index import load_request_schema
+        from kio.serial import entity_writer
+
+        from luxun.kafka.protocol import build
+
+        request = build(load_request_schema(api, version), **values)
+        body = io.BytesIO()
+        entity_writer(type(request))(body, request)
+        self.correlation += 1
+        header = struct.pack(">hhih", api, version, self.correlation, 3) + b"raw"
+        frame = header + body.getvalue()
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+
+    def receive(self, api: int, version: int) -> object:
+        import struct
+
+        from kio.index import load_response_schema
+        from kio.serial import entity_reader
+
+        def exactly(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                chunk = self.sock.recv(n - len(data))
+                if not chunk:
+                    raise ConnectionError("closed by the broker")
+                data += chunk
+            return data
+
+        (size,) = struct.unpack(">i", exactly(4))
+        frame = exactly(size)
+        return entity_reader(load_response_schema(api, version))(frame, 4)[0]
+
+    def join(self, member: str = "") -> object:
+        self.send(11, 5, group_id="held", session_timeout=30_000, rebalance_timeout=60_000, member_id=member,
+                  protocol_type="consumer", protocols=[{"name": "range", "metadata": b""}])  # fmt: skip
+        return self.receive(11, 5)
+
+
+def test_broker_stop_answers_a_waiting_join_group(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True, metrics=True).start()
+    try:
+        a, b = RawClient(broker), RawClient(broker)
+        first = a.join()
+        a_joined = a.join(first.member_id)  # type: ignore[attr-defined]
+        assert a_joined.error_code == 0 and a_joined.generation_id == 1  # type: ignore[attr-defined]
+        b_id = b.join().member_id  # type: ignore[attr-defined]
+        b.send(11, 5, group_id="held", session_timeout=30_000, rebalance_timeout=60_000, member_id=b_id,
+               protocol_type="consumer", protocols=[{"name": "range", "metadata": b""}])  # fmt: skip
+        time.sleep(0.5)  # b's JoinGroup now waits for a to rejoin (up to 60 s)
+        import urllib.request
+
+        page = urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10).read().decode()
+        assert 'luxun_kafka_groups{state="PreparingRebalance"} 1' in page
+        assert "luxun_kafka_group_rebalances_total 1" in page
+        t0 = time.monotonic()
+        assert broker.stop() == 0
+        print(f"stop took {time.monotonic() - t0:.2f} s")
+        assert time.monotonic() - t0 < 10
+        try:
+            answer = b.receive(11, 5)
+            print("answered", answer.error_code)  # type: ignore[attr-defined]
+            assert answer.error_code == 15  # type: ignore[attr-defined]  # COORDINATOR_NOT_AVAILABLE
+        except ConnectionError:
+            pass  # closed before the answer went out: the client looks for the coordinator again
+    finally:
+        broker.stop()
