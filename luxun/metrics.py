@@ -229,7 +229,11 @@ def status_page(topics: Iterable[Any], metrics: Metrics, title: str) -> str:
             f"<td>{row['head']:,}</td><td>{row['disk'] / 1e6:,.1f}</td><td>{row['items_in']:,}</td>"
             f"<td>{row['items_out']:,}</td><td>{groups}</td></tr>"
         )
-    parts.append("</table></body></html>")
+    parts.append("</table>")
+    if metrics.kafka_groups is not None:
+        states = ", ".join(f"{n:,} {html.escape(state)}" for state, n in metrics.kafka_groups.group_states().items())
+        parts.append(f"<p>Kafka consumer groups: {states}; {metrics.kafka_groups.rebalances_total:,} rebalances</p>")
+    parts.append("</body></html>")
     return "".join(parts)
 
 

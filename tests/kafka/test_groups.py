@@ -411,7 +411,7 @@ def test_join_and_sync_every_version(coord: GroupCoordinator, version: int) -> N
 
 
 def test_metrics_carry_group_states_and_rebalances(coord: GroupCoordinator) -> None:
-    from luxun.metrics import Metrics
+    from luxun.metrics import Metrics, status_page
 
     metrics = Metrics()
     assert "luxun_kafka_groups" not in metrics.render([])
@@ -423,6 +423,8 @@ def test_metrics_carry_group_states_and_rebalances(coord: GroupCoordinator) -> N
     assert 'luxun_kafka_groups{state="Stable"} 1' in text
     assert 'luxun_kafka_groups{state="CompletingRebalance"} 1' in text
     assert "luxun_kafka_group_rebalances_total 2" in text
+    page = status_page([], metrics, "test")
+    assert "Kafka consumer groups: 0 Empty, 0 PreparingRebalance, 1 CompletingRebalance, 1 Stable; 2 rebalances" in page
 
 
 def test_empty_groups_are_forgotten_after_their_ttl(topics: TopicManager) -> None:
