@@ -26,7 +26,9 @@ port given to :class:`GroupCoordinator`). A group goes through Kafka's states:
     is removed and the group rebalances (so its partitions move to the others within
     its session timeout plus one heartbeat interval of theirs).
 ``Dead``
-    deleted (DeleteGroups); requests for it get COORDINATOR_NOT_AVAILABLE.
+    unknown: deleted (DeleteGroups, with its offsets) or never seen. An Empty group
+    without members is forgotten (from memory; its offsets stay) after
+    ``empty_group_ttl_ms`` without requests, so memory holds the groups in use only.
 
 A JoinGroup without a member id (v4+) gets a new one with MEMBER_ID_REQUIRED and must
 join again with it (KIP-394); members with a ``group.instance.id`` (static members,
@@ -38,8 +40,10 @@ Error codes are Kafka's, case by case as Kafka's GroupCoordinator answers them.
 Committed offsets are kept by :class:`~luxun.kafka.offsets.OffsetStore` on the
 topics' committed positions (so they survive a restart); group membership is in
 memory (a restarted broker starts every group Empty: the consumers rejoin).
-The new consumer protocol (KIP-848, ConsumerGroupHeartbeat) is answered
-UNSUPPORTED_VERSION so clients use this one.
+The new consumer protocol (KIP-848, ConsumerGroupHeartbeat) is not in
+:attr:`GroupCoordinator.VERSIONS`, so ApiVersions does not announce it and clients use
+this one (as with a Kafka broker that has it disabled); a ConsumerGroupHeartbeat
+handed to :meth:`GroupCoordinator.handle` anyway is answered UNSUPPORTED_VERSION.
 
 Thread-safety: :meth:`GroupCoordinator.handle` is called from any connection's
 thread. Each group has its own lock (a Condition its blocked JoinGroups and SyncGroups

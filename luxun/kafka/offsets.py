@@ -40,6 +40,7 @@ from bigarray.format import COMMITTED_DIR_PREFIX
 from ..logs import RateLimitedLog
 from ..topics import Topic, TopicManager
 from . import partition_of, partition_topic
+from .log import legal_topic_name
 
 __all__ = ["NO_OFFSET", "OffsetStore"]
 
@@ -119,12 +120,15 @@ class OffsetStore:
 
     def partitions(self, group: str) -> list[tuple[str, int]]:
         """Every (topic, partition) where ``group`` has a committed position, sorted
-        (one directory look-up per topic)."""
+        (one directory look-up per topic; topics whose names Kafka does not allow are
+        left out, as Metadata leaves them out)."""
         out = []
         data_dir = self.topics.data_dir
         for name in self.topics.names():
             if os.path.isdir(os.path.join(data_dir, name, COMMITTED_DIR_PREFIX + group)):
-                out.append(partition_of(name))
+                topic, partition = partition_of(name)
+                if legal_topic_name(topic) is None:
+                    out.append((topic, partition))
         return sorted(out)
 
     def has_offsets(self, group: str) -> bool:
@@ -132,11 +136,13 @@ class OffsetStore:
         return bool(self.partitions(group))
 
     def groups(self) -> set[str]:
-        """Every group with a committed position on some topic (a scan of the topics'
-        directories)."""
+        """Every group with a committed position on some topic Kafka clients see (a
+        scan of the topics' directories)."""
         out: set[str] = set()
         data_dir = self.topics.data_dir
         for name in self.topics.names():
+            if legal_topic_name(partition_of(name)[0]) is not None:
+                continue
             try:
                 entries = os.listdir(os.path.join(data_dir, name))
             except OSError:

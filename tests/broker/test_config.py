@@ -606,7 +606,7 @@ def test_kafka_keys_in_the_file() -> None:
         True,
         3000,
     )
-    with pytest.raises(ConfigError, match="num.partitions"):
+    with pytest.raises(ConfigError, match=r"num\.partitions"):
         _load("num.partitions=0\n")
-    with pytest.raises(ConfigError, match="delete.topic.enable"):
+    with pytest.raises(ConfigError, match=r"delete\.topic\.enable"):
         _load("delete.topic.enable=yes\n")

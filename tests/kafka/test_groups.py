@@ -411,7 +411,7 @@ def test_join_and_sync_every_version(coord: GroupCoordinator, version: int) -> N
 
 
 def test_metrics_carry_group_states_and_rebalances(coord: GroupCoordinator) -> None:
-    from luxun.metrics import Metrics
+    from luxun.metrics import Metrics, status_page
 
     metrics = Metrics()
     assert "luxun_kafka_groups" not in metrics.render([])
@@ -423,6 +423,8 @@ def test_metrics_carry_group_states_and_rebalances(coord: GroupCoordinator) -> N
     assert 'luxun_kafka_groups{state="Stable"} 1' in text
     assert 'luxun_kafka_groups{state="CompletingRebalance"} 1' in text
     assert "luxun_kafka_group_rebalances_total 2" in text
+    page = status_page([], metrics, "test")
+    assert "Kafka consumer groups: 0 Empty, 0 PreparingRebalance, 1 CompletingRebalance, 1 Stable; 2 rebalances" in page
 
 
 def test_empty_groups_are_forgotten_after_their_ttl(topics: TopicManager) -> None:
@@ -438,3 +440,75 @@ def test_empty_groups_are_forgotten_after_their_ttl(topics: TopicManager) -> Non
         assert time.monotonic() - t0 > 0.2
         assert coord.describe("g")[0] is GroupState.DEAD
         assert join_new(coord).generation_id == 1  # a new group under the same name
+
+
+def test_many_members_joining_and_leaving_at_once(topics: TopicManager) -> None:
+    """8 threads run the whole member cycle (join, sync, heartbeats, commit, leave) over
+    and over in 2 groups for 3 s: every request is answered within its bound, every
+    answer is one a member may get, and the groups end Empty."""
+    import random
+
+    topics.create_and_append("stress", [b"x"] * 10)
+    allowed_join = {E.none, E.member_id_required, E.rebalance_in_progress, E.unknown_member_id}
+    allowed_sync = {E.none, E.rebalance_in_progress, E.illegal_generation, E.unknown_member_id}
+    allowed_heartbeat = {E.none, E.rebalance_in_progress, E.illegal_generation, E.unknown_member_id}
+    errors: list[str] = []
+    cycles = [0] * 8
+
+    with make(topics) as coord:
+
+        def member(i: int) -> None:
+            rnd = random.Random(i)
+            group = f"sg{i % 2}"
+            stop = time.monotonic() + 3.0
+            while time.monotonic() < stop:
+                t0 = time.monotonic()
+                r = join(coord, group, session_ms=500, rebalance_ms=1000)
+                member_id = r.member_id
+                if r.error_code == E.member_id_required:
+                    r = join(coord, group, member_id, session_ms=500, rebalance_ms=1000)
+                if time.monotonic() - t0 > 2.5:
+                    errors.append(f"join took {time.monotonic() - t0:.1f} s")
+                if r.error_code not in allowed_join:
+                    errors.append(f"join: {r.error_code!r}")
+                if r.error_code != E.none:
+                    continue
+                generation = r.generation_id
+                assignments = {m.member_id: b"%d" % k for k, m in enumerate(r.members)}
+                t0 = time.monotonic()
+                s = sync(coord, member_id, generation, assignments, group=group)
+                if time.monotonic() - t0 > 2.5:
+                    errors.append(f"sync took {time.monotonic() - t0:.1f} s")
+                if s.error_code not in allowed_sync:
+                    errors.append(f"sync: {s.error_code!r}")
+                for _ in range(rnd.randrange(4)):
+                    code = heartbeat(coord, member_id, generation, group=group)
+                    if code not in allowed_heartbeat:
+                        errors.append(f"heartbeat: {code!r}")
+                    if code != E.none:
+                        break
+                    time.sleep(rnd.random() * 0.05)
+                c = call(coord, COMMIT, 8, group_id=group, generation_id_or_member_epoch=generation,
+                         member_id=member_id, topics=[{"name": "stress", "partitions": [
+                             {"partition_index": 0, "committed_offset": rnd.randrange(10)}]}])  # fmt: skip
+                code = c.topics[0].partitions[0].error_code
+                if code not in allowed_sync:
+                    errors.append(f"commit: {code!r}")
+                if rnd.random() < 0.7:
+                    left = call(coord, LEAVE, 0, group_id=group, member_id=member_id).error_code
+                    if left not in (E.none, E.unknown_member_id):
+                        errors.append(f"leave: {left!r}")
+                cycles[i] += 1
+
+        threads = [threading.Thread(target=member, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert not any(t.is_alive() for t in threads), "a member thread hung"
+        assert errors == []
+        assert all(n > 0 for n in cycles), cycles
+        print("member cycles per thread:", cycles)
+        # members that did not leave time out (500 ms sessions); the groups end Empty
+        for g in ("sg0", "sg1"):
+            wait_state(coord, g, GroupState.EMPTY, timeout_s=5)
