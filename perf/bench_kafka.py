@@ -50,7 +50,11 @@ import multiprocessing as mp
 import os
 import re
 import secrets
+import shutil
+import struct
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import urllib.request
@@ -78,7 +82,7 @@ from _common import (  # noqa: E402
 MB = 1_000_000
 MIB = 1 << 20
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_kafka.json"
-PARTS = ("main", "batch", "size")
+PARTS = ("floor", "main", "batch", "size")
 CLIENTS = ("confluent", "kafka-python", "thrift")
 SETUP_TIMEOUT_S = 60.0
 #: confluent-kafka consumer's fetch.queue.backoff.ms (librdkafka's default: 1000).
@@ -128,8 +132,9 @@ class KafkaBroker:
 
 
 @contextlib.contextmanager
-def kafka_broker(data_parent: Path | None) -> Iterator[KafkaBroker]:
-    """A fresh ``luxun serve`` with the Kafka port and metrics on, on a new data dir."""
+def kafka_broker(data_parent: Path | None, tree: Path = REPO) -> Iterator[KafkaBroker]:
+    """A fresh ``luxun serve`` of the source tree ``tree`` with the Kafka port and
+    metrics on, on a new data dir."""
     root = _fresh_root(data_parent, "bench_kafka")
     password = secrets.token_hex(8)
     command = [
@@ -138,7 +143,7 @@ def kafka_broker(data_parent: Path | None) -> Iterator[KafkaBroker]:
         "--kafka-port", str(free_port()), "--metrics-port", str(free_port()),
         "--password", f"plain:{password}", "--log-level", "INFO",
     ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     found: dict[str, str] = {}
 
     def ready(text: str) -> tuple[str, int] | None:
@@ -148,8 +153,121 @@ def kafka_broker(data_parent: Path | None) -> Iterator[KafkaBroker]:
         found.update(kafka=f"{m.group(3)}:{m.group(4)}", metrics=m.group(5))
         return m.group(1), int(m.group(2))
 
-    with _broker_process("bench_kafka", root, command, ready, password, None, env=env, cwd=REPO) as info:
+    with _broker_process("bench_kafka", root, command, ready, password, None, env=env, cwd=tree) as info:
         yield KafkaBroker(info, f"{info.host}:{info.port}", found["kafka"], found["metrics"])
+
+
+@contextlib.contextmanager
+def source_tree(rev: str) -> Iterator[Path]:
+    """The files of git revision ``rev`` of this repository in a temporary folder."""
+    root = Path(tempfile.mkdtemp(prefix="bench_kafka-before-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the floor: the broker's Python cost per request, in process ---------------------------
+#: (label, records per batch, record size, requests timed)
+FLOOR_PRODUCE = (
+    ("produce 1 x 100 B", 1, 100, 3000),
+    ("produce 10 x 100 B", 10, 100, 3000),
+    ("produce 9000 x 100 B (~1 MB)", 9000, 100, 100),
+    ("produce 1000 x 1 KB (~1 MB)", 1000, 1000, 100),
+)
+
+
+def floor_of(tree: Path) -> list[dict[str, Any]]:
+    """:func:`floor_rows` of ``tree``'s broker code, in a fresh process."""
+    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--floor-child", str(tree)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"the floor of {tree} failed:\n{out.stderr[-3000:]}")
+    rows: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
+    for row in rows:
+        print(f"bench_kafka: floor {row['what']}: {row['cpu_us']:.1f} us CPU per request ({tree})", file=sys.stderr)
+    return rows
+
+
+def floor_rows(tree: Path) -> list[dict[str, Any]]:
+    """CPU time (this thread's) per request of ``KafkaHandler.handle_frame`` of the broker
+    code in ``tree``, over real topics in a temporary data dir: frame in, response out,
+    no sockets (Produce v9 and Fetch v12, what librdkafka 2.x negotiates)."""
+    sys.path.insert(0, str(tree))
+    import io as _io
+
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.serial import entity_writer
+
+    from luxun.config import BrokerConfig
+    from luxun.kafka import protocol as P
+    from luxun.kafka.handlers import KafkaHandler
+    from luxun.kafka.log import KafkaLog
+    from luxun.topics import TopicManager
+
+    def batch(n: int, size: int) -> bytes:
+        b = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 30)
+        for i in range(n):
+            b.append(i, 1_700_000_000_000, None, b"x" * size, [])
+        return bytes(b.build())
+
+    def frame(api_key: int, version: int, **values: Any) -> bytes:
+        req = P.build(P.request_schema(api_key, version), **values)
+        out = _io.BytesIO()
+        out.write(struct.pack(">hhih", api_key, version, 1, 5) + b"bench")
+        if P.request_schema(api_key, version).__flexible__:
+            out.write(b"\0")
+        entity_writer(type(req))(out, req)
+        return out.getvalue()
+
+    def produce_frame(records: bytes) -> bytes:
+        data = [{"name": "t", "partition_data": [{"index": 0, "records": records}]}]
+        return frame(0, 9, acks=-1, timeout=30_000, topic_data=data)
+
+    def fetch_frame(offset: int) -> bytes:
+        part = {"partition": 0, "fetch_offset": offset, "log_start_offset": -1, "partition_max_bytes": MIB}
+        return frame(
+            1, 12, replica_id=-1, max_wait=500, min_bytes=1, max_bytes=50 * MIB, isolation_level=0,
+            session_id=0, session_epoch=-1, topics=[{"topic": "f", "partitions": [part]}],
+            forgotten_topics_data=[], rack_id="",
+        )  # fmt: skip
+
+    rows = []
+    root = tempfile.mkdtemp(prefix="bench_kafka-floor-")
+    topics = TopicManager(root, data_page_size_bytes=BrokerConfig().data_page_size_bytes)
+    try:
+        kafka_log = KafkaLog(topics)
+        handler = KafkaHandler(kafka_log, node_id=0, host="127.0.0.1", port=9)
+        peer = ("127.0.0.1", 1)
+
+        def timed(what: str, fr: bytes, n: int, records: int) -> None:
+            handler.handle_frame(fr, peer)
+            c0 = time.thread_time()
+            for _ in range(n):
+                handler.handle_frame(fr, peer)
+            cpu = (time.thread_time() - c0) / n
+            rows.append({"what": what, "cpu_us": cpu * 1e6, "records_per_cpu_s": records / cpu})
+
+        kafka_log.create("t", 1)
+        for what, count, size, n in FLOOR_PRODUCE:
+            timed(what, produce_frame(batch(count, size)), n, count)
+        kafka_log.create("f", 1)
+        records = batch(9000, 100)
+        for _ in range(30):
+            kafka_log.produce("f", 0, records)
+        timed("fetch 1 MiB of 100 B records", fetch_frame(90_000), 200, 9000)
+    finally:
+        topics.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
 
 
 # -- children -----------------------------------------------------------------------------
@@ -393,7 +511,19 @@ class Cell:
     client_cpu: float | None = None  # CPU seconds per wall second
     broker_cpu: float | None = None
     stopped_by: str = ""
+    broker: str = "this tree"
     details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def broker_us_per_record(self) -> float | None:
+        """Broker CPU microseconds per record (robust to a busy machine, unlike rates)."""
+        if self.broker_cpu is None or not self.records_per_s:
+            return None
+        return self.broker_cpu / self.records_per_s * 1e6
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.part, self.client, self.role, self.size, self.batch_bytes)
 
 
 def timeout_of(args: argparse.Namespace) -> float:
@@ -428,9 +558,11 @@ def kafka_spec(args: argparse.Namespace, b: KafkaBroker, client: str, size: int,
     }
 
 
-def kafka_producer_cell(args: argparse.Namespace, part: str, client: str, size: int, batch_bytes: int | None) -> Cell:
-    cell = Cell(part, client, "producer", size, batch_bytes)
-    with kafka_broker(args.data_dir) as b:
+def kafka_producer_cell(
+    args: argparse.Namespace, part: str, client: str, size: int, batch_bytes: int | None, tree: tuple[str, Path]
+) -> Cell:
+    cell = Cell(part, client, "producer", size, batch_bytes, broker=tree[0])
+    with kafka_broker(args.data_dir, tree[1]) as b:
         topic = f"bench-{size}"
         spec = kafka_spec(args, b, client, size, topic) | {"batch_bytes": batch_bytes}
         p = run_child(producer_main, spec, timeout_of(args))
@@ -455,9 +587,9 @@ def prefill(args: argparse.Namespace, b: KafkaBroker, size: int, topic: str) -> 
     return int(b.topic_stats(topic).get("items_in", 0))
 
 
-def kafka_consumer_cell(args: argparse.Namespace, client: str, size: int) -> Cell:
-    cell = Cell("main", client, "consumer", size)
-    with kafka_broker(args.data_dir) as b:
+def kafka_consumer_cell(args: argparse.Namespace, client: str, size: int, tree: tuple[str, Path]) -> Cell:
+    cell = Cell("main", client, "consumer", size, broker=tree[0])
+    with kafka_broker(args.data_dir, tree[1]) as b:
         topic = f"bench-{size}"
         stored = prefill(args, b, size, topic)
         os.sync()
@@ -495,9 +627,9 @@ def thrift_spec(args: argparse.Namespace, b: KafkaBroker, size: int, topic: str)
     }
 
 
-def thrift_producer_cell(args: argparse.Namespace, size: int) -> Cell:
-    cell = Cell("main", "thrift", "producer", size, 1000)
-    with kafka_broker(args.data_dir) as b:
+def thrift_producer_cell(args: argparse.Namespace, size: int, tree: tuple[str, Path]) -> Cell:
+    cell = Cell("main", "thrift", "producer", size, 1000, broker=tree[0])
+    with kafka_broker(args.data_dir, tree[1]) as b:
         topic = f"bench-{size}"
         spec = thrift_spec(args, b, size, topic)
         (p,) = bc.run_children([(bc.producer_main, spec)], bc.new_shared(False), timeout_of(args))
@@ -510,9 +642,9 @@ def thrift_producer_cell(args: argparse.Namespace, size: int) -> Cell:
     return cell
 
 
-def thrift_consumer_cell(args: argparse.Namespace, size: int) -> Cell:
-    cell = Cell("main", "thrift", "consumer", size)
-    with kafka_broker(args.data_dir) as b:
+def thrift_consumer_cell(args: argparse.Namespace, size: int, tree: tuple[str, Path]) -> Cell:
+    cell = Cell("main", "thrift", "consumer", size, broker=tree[0])
+    with kafka_broker(args.data_dir, tree[1]) as b:
         topic = f"bench-{size}"
         spec = thrift_spec(args, b, size, topic) | {"seconds": 10 * args.seconds + 30, "warmup_messages": 1}
         (p,) = bc.run_children([(bc.producer_main, spec)], bc.new_shared(False), timeout_of(args) + 10 * args.seconds)
@@ -535,7 +667,8 @@ def thrift_consumer_cell(args: argparse.Namespace, size: int) -> Cell:
 def log_cell(c: Cell) -> None:
     batch = f" batch.size {c.batch_bytes}" if c.batch_bytes and c.client != "thrift" else ""
     print(
-        f"bench_kafka: {c.part:5} {c.client:12} {c.role:8} {c.size:>6} B{batch}: {fmt_rate(c.records_per_s)} rec/s, "
+        f"bench_kafka: [{c.broker}] {c.part:5} {c.client:12} {c.role:8} {c.size:>6} B{batch}: "
+        f"{fmt_rate(c.records_per_s)} rec/s, "
         f"{c.mb_per_s:.1f} MB/s ({c.records} in {c.seconds:.2f} s; {c.stopped_by}; load {load_average()[0]})",
         file=sys.stderr,
     )
@@ -557,30 +690,52 @@ def fmt_size(n: int) -> str:
     return f"{n // 1000} KB" if n >= 1000 else f"{n} B"
 
 
-def render(machine: dict[str, Any], args: argparse.Namespace, cells: list[Cell]) -> str:
+def fmt_us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def render(machine: dict[str, Any], args: argparse.Namespace, cells: list[Cell], floors: list[dict[str, Any]]) -> str:
+    two = bool(args.before)
     lines = [
         "bench_kafka: the Kafka port (confluent-kafka, kafka-python) and the Thrift path (our clients), same run",
         f"machine: {machine['cpu']}, {machine['cores']} cores ({machine['cores_usable']} usable), "
         f"{machine['ram_gib']} GiB, {machine['os']}, kernel {machine['kernel']}, Python {machine['python']}",
         f"versions: {machine.get('versions')}; commit {machine['git_commit']}",
         f"load average at start {machine['load_average_start']}, at end {machine.get('load_average_end')} "
-        "(the machine is shared: interference only slows a cell down)",
+        "(the machine is shared: interference only slows a cell down; broker us/rec is CPU time, less affected)",
         f"budgets per cell: {args.messages} records, {args.max_mb:g} MB of values, {args.seconds:g} s; "
         "a fresh broker and data dir per cell; MB = 10^6 B",
         "",
     ]
+    if two:
+        lines[-1:-1] = [f"brokers: this tree and git revision {args.before}, taking turns cell by cell (AB BA ...)"]
+    broker_col = (lambda c: f"{c.broker:>{width}} ") if two else (lambda c: "")
+    width = max([len(c.broker) for c in cells] + [len(str(f.get("broker", ""))) for f in floors] + [6])
+    broker_head = f"{'broker':>{width}} " if two else ""
+    if floors:
+        lines += [
+            "floor: the broker's CPU per request in process (KafkaHandler.handle_frame: parse, append or read, "
+            "response; no socket), Produce v9 / Fetch v12",
+            f"{broker_head}{'request':32} {'CPU us/request':>15} {'records/CPU-s':>14}",
+        ]
+        for f in floors:
+            b = f"{f['broker']:>{width}} " if two else ""
+            lines.append(f"{b}{f['what']:32} {f['cpu_us']:15.1f} {fmt_rate(f['records_per_cpu_s']):>14}")
+        lines.append("")
     main = [c for c in cells if c.part == "main"]
     if main:
         lines += [
-            "main: records of 100 B and 1 KB (client CPU, broker CPU: CPU seconds per wall second)",
-            f"{'client':16} {'role':9} {'size':>6} {'records/s':>11} {'MB/s':>8} {'wire MB/s':>10} "
-            f"{'client CPU':>10} {'broker CPU':>10}  stopped by",
+            "main: records of 100 B and 1 KB (client CPU, broker CPU: CPU seconds per wall second; "
+            "broker us/rec: broker CPU microseconds per record)",
+            f"{broker_head}{'client':16} {'role':9} {'size':>6} {'records/s':>11} {'MB/s':>8} {'wire MB/s':>10} "
+            f"{'client CPU':>10} {'broker CPU':>10} {'broker us/rec':>13}  stopped by",
         ]
         for c in main:
             wire = "-" if c.wire_mb_per_s is None else f"{c.wire_mb_per_s:.1f}"
             lines.append(
-                f"{CLIENT_NAMES[c.client]:16} {c.role:9} {fmt_size(c.size):>6} {fmt_rate(c.records_per_s):>11} "
-                f"{c.mb_per_s:8.1f} {wire:>10} {fmt_cpu(c.client_cpu):>10} {fmt_cpu(c.broker_cpu):>10}  {c.stopped_by}"
+                f"{broker_col(c)}{CLIENT_NAMES[c.client]:16} {c.role:9} {fmt_size(c.size):>6} "
+                f"{fmt_rate(c.records_per_s):>11} {c.mb_per_s:8.1f} {wire:>10} {fmt_cpu(c.client_cpu):>10} "
+                f"{fmt_cpu(c.broker_cpu):>10} {fmt_us(c.broker_us_per_record):>13}  {c.stopped_by}"
             )
         lines += [
             "  confluent-kafka: librdkafka defaults (batch.size 1 MB, linger.ms 5, acks all; the consumer with "
@@ -603,8 +758,9 @@ def render(machine: dict[str, Any], args: argparse.Namespace, cells: list[Cell])
             continue
         lines += [
             title,
-            f"{'batch.size' if part == 'batch' else 'record':>10} {'records/s':>11} {'MB/s':>8} {'wire MB/s':>10} "
-            f"{'broker CPU':>10} | {'thesis: Kafka->Kafka':>20} {'Kafka->HMB':>11}",
+            f"{broker_head}{'batch.size' if part == 'batch' else 'record':>10} {'records/s':>11} {'MB/s':>8} "
+            f"{'wire MB/s':>10} {'broker CPU':>10} {'broker us/rec':>13} | {'thesis: Kafka->Kafka':>20} "
+            f"{'Kafka->HMB':>11}",
         ]
         for c in rows:
             key = getattr(c, variable)
@@ -612,17 +768,21 @@ def render(machine: dict[str, Any], args: argparse.Namespace, cells: list[Cell])
             label = f"{key} B" if part == "batch" else fmt_size(key)
             wire = "-" if c.wire_mb_per_s is None else f"{c.wire_mb_per_s:.1f}"
             lines.append(
-                f"{label:>10} {fmt_rate(c.records_per_s):>11} {c.mb_per_s:8.1f} {wire:>10} "
-                f"{fmt_cpu(c.broker_cpu):>10} | {s1 if s1 is not None else '-':>20} {s2 if s2 is not None else '-':>11}"
+                f"{broker_col(c)}{label:>10} {fmt_rate(c.records_per_s):>11} {c.mb_per_s:8.1f} {wire:>10} "
+                f"{fmt_cpu(c.broker_cpu):>10} {fmt_us(c.broker_us_per_record):>13} | "
+                f"{s1 if s1 is not None else '-':>20} {s2 if s2 is not None else '-':>11}"
             )
         lines += [
             "  the thesis' columns: TCP MB/s (overhead included) measured with Wireshark on the thesis' machines "
             "(Xeon E3-1245 v3 broker, i7-2720QM client, 1 Gb Ethernet, Kafka 0.8.2), NOT this machine",
             "",
         ]
-    lines.append("targets (issue 13, 2-core machine):")
+    if two:
+        lines += render_before_after(cells, args.before)
+    ours = [c for c in main if c.broker == "this tree"]
+    lines.append("targets (issue 13, 2-core machine; this tree's broker):")
     for text, key, unit, goal in TARGETS:
-        cell = next((c for c in main if (c.client, c.role, c.size) == key), None)
+        cell = next((c for c in ours if (c.client, c.role, c.size) == key), None)
         if cell is None:
             lines.append(f"  {text}: not measured in this run")
             continue
@@ -631,6 +791,31 @@ def render(machine: dict[str, Any], args: argparse.Namespace, cells: list[Cell])
         want = f"{fmt_rate(goal)} records/s" if unit == "rps" else f"{goal:g} MB/s"
         lines.append(f"  {text}: {shown} (target >= {want}): {'reached' if value >= goal else 'NOT reached'}")
     return "\n".join(lines)
+
+
+def render_before_after(cells: list[Cell], rev: str) -> list[str]:
+    """Per cell: this tree's figure / the ``--before`` revision's (above 1: faster now)."""
+    lines = [
+        f"this tree / {rev}: records/s and broker CPU per record (below 1: less CPU now)",
+        f"{'cell':48} {'records/s':>10} {'broker us/rec':>14}",
+    ]
+    by_key: dict[tuple[Any, ...], dict[str, Cell]] = {}
+    for c in cells:
+        by_key.setdefault(c.key, {})["after" if c.broker == "this tree" else "before"] = c
+    for key, pair in by_key.items():
+        a, b = pair.get("after"), pair.get("before")
+        if a is None or b is None:
+            continue
+        part, client, role, size, batch = key
+        name = f"{part} {CLIENT_NAMES[client]} {role} {fmt_size(size)}" + (
+            f" batch.size {batch}" if batch and client != "thrift" else ""
+        )
+        rate = a.records_per_s / b.records_per_s if b.records_per_s else float("nan")
+        au, bu = a.broker_us_per_record, b.broker_us_per_record
+        cpu = f"{au / bu:.2f}" if au is not None and bu else "-"
+        lines.append(f"{name:48} {rate:10.2f} {cpu:>14}")
+    lines.append("")
+    return lines
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -644,6 +829,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, help="where the brokers' temporary data dirs go (default: /tmp)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
     p.add_argument("--quick", action="store_true", help="short smoke run: small budgets")
+    p.add_argument(
+        "--before",
+        metavar="REV",
+        help="also run every cell against the broker of git revision REV (git archive into a temp dir), "
+        "taking turns with this tree's: before/after in one run",
+    )
+    p.add_argument("--floor-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name, (full, quick) in BUDGETS.items():
         if getattr(args, name) is None:
@@ -662,6 +854,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.floor_child:
+        print(json.dumps(floor_rows(Path(args.floor_child))))
+        return 0
     started = time.perf_counter()
     machine = machine_info(
         args.data_dir,
@@ -669,35 +864,56 @@ def main(argv: list[str] | None = None) -> int:
         | {"librdkafka": __import__("confluent_kafka").libversion()[0]},
     )
     cells: list[Cell] = []
+    floors: list[dict[str, Any]] = []
 
     def add(cell: Cell) -> None:
         log_cell(cell)
         cells.append(cell)
 
-    if "main" in args.parts:
-        for size in args.sizes:
-            for client in args.clients:
-                if client == "thrift":
-                    add(thrift_producer_cell(args, size))
-                    add(thrift_consumer_cell(args, size))
-                else:
-                    add(kafka_producer_cell(args, "main", client, size, None))
-                    add(kafka_consumer_cell(args, client, size))
-    if "batch" in args.parts:
-        for batch in SEED_BATCH:
-            add(kafka_producer_cell(args, "batch", "confluent", 100, batch))
-    if "size" in args.parts:
-        for size in SEED_SIZE:
-            add(kafka_producer_cell(args, "size", "confluent", size, SEED_BATCH_SIZE_SWEEP))
+    trees = [("this tree", REPO)]
+    with contextlib.ExitStack() as stack:
+        if args.before:
+            trees.append((f"before ({args.before})", stack.enter_context(source_tree(args.before))))
+        turn = 0
+
+        def each_tree(run: Any) -> None:
+            # Trees take turns, the first one alternating: AB, BA, AB...
+            nonlocal turn
+            order = trees if turn % 2 == 0 else trees[::-1]
+            turn += 1
+            for tree in order:
+                add(run(tree))
+
+        if "floor" in args.parts:
+            for label, path in trees:
+                floors.extend(dict(row, broker=label) for row in floor_of(path))
+        if "main" in args.parts:
+            for size in args.sizes:
+                for client in args.clients:
+                    if client == "thrift":
+                        each_tree(lambda t, size=size: thrift_producer_cell(args, size, t))
+                        each_tree(lambda t, size=size: thrift_consumer_cell(args, size, t))
+                    else:
+                        each_tree(lambda t, size=size, c=client: kafka_producer_cell(args, "main", c, size, None, t))
+                        each_tree(lambda t, size=size, c=client: kafka_consumer_cell(args, c, size, t))
+        if "batch" in args.parts:
+            for batch in SEED_BATCH:
+                each_tree(lambda t, batch=batch: kafka_producer_cell(args, "batch", "confluent", 100, batch, t))
+        if "size" in args.parts:
+            for size in SEED_SIZE:
+                each_tree(
+                    lambda t, size=size: kafka_producer_cell(args, "size", "confluent", size, SEED_BATCH_SIZE_SWEEP, t)
+                )
     machine["load_average_end"] = load_average()
-    print(render(machine, args, cells))
+    print(render(machine, args, cells, floors))
     report = {
         "benchmark": "bench_kafka",
         "machine": machine,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "seed": {"batch": SEED_BATCH, "size": SEED_SIZE, "machine": "the HMB thesis' (not this one)"},
         "duration_s": round(time.perf_counter() - started, 1),
-        "cells": [asdict(c) for c in cells],
+        "floor": floors,
+        "cells": [asdict(c) | {"broker_us_per_record": c.broker_us_per_record} for c in cells],
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -34,6 +34,13 @@ _limited = RateLimitedLog(log)
 _I32 = struct.Struct(">i")
 # Bytes read per recv while a frame arrives (and taken from the budget per step).
 _CHUNK = 1 << 20
+# Bytes read ahead per recv while the input budget has room (it holds all but
+# _UNBUDGETED of them, like the Thrift port's buffers); frames larger than that are
+# read as they arrive, budgeted per _CHUNK.
+_READ_AHEAD = 64 * 1024
+_UNBUDGETED = 4096
+# Produce responses held back at most, while more produce requests are buffered.
+_PENDING_BYTES = 256 * 1024
 
 
 class FrameHandler(Protocol):
@@ -73,14 +80,14 @@ class KafkaServer(TcpServer):
             name="luxun-kafka",
         )
 
-    def _recv_exactly(self, sock: socket.socket, n: int, held: list[int]) -> bytes | None:
-        """``n`` bytes from ``sock`` (None when the peer closed first). Each chunk
-        beyond 4 KiB is taken from the input budget first and counted in ``held[0]``
-        (the caller gives it back once the request is handled)."""
+    def _recv_exactly(self, sock: socket.socket, n: int, held: list[int], prefix: bytes = b"") -> bytes | None:
+        """``prefix`` and then ``n`` bytes from ``sock`` (None when the peer closed
+        first). Each chunk beyond 4 KiB is taken from the input budget first and
+        counted in ``held[0]`` (the caller gives it back once the request is handled)."""
         if n <= 4096:
             data = sock.recv(n, socket.MSG_WAITALL)
-            return data if len(data) == n else None
-        parts: list[bytes] = []
+            return prefix + data if len(data) == n else None
+        parts: list[bytes] = [prefix]
         got = 0
         while got < n:
             step = min(_CHUNK, n - got)
@@ -101,15 +108,29 @@ class KafkaServer(TcpServer):
         return b"".join(parts)
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
-        handler = self._handler
+        held = [0, 0]  # input budget held: [the frame being read, the read-ahead buffer]
+        try:
+            self._serve_frames(sock, peer, held)
+        finally:
+            self._budget.give(held[0] + held[1])
+
+    def _serve_frames(self, sock: socket.socket, peer: Any, held: list[int]) -> None:
+        """Read frames ahead (up to _READ_AHEAD bytes a recv, that much taken from the
+        input budget while a connection is busy; _UNBUDGETED without it), so pipelined
+        requests cost one recv between them, not two. Produce responses whose next
+        request is already buffered wait in ``pending`` (at most _PENDING_BYTES) and go
+        out in one write with the next ones; anything else is answered at once, and
+        everything pending is sent before this thread waits in recv or handles a
+        request that may wait (Fetch, JoinGroup...)."""
         max_frame = self.max_frame_bytes
-        held = [0]
+        budget = self._budget
+        buf, pos = b"", 0
+        pending: list[Any] = []
+        pending_bytes = 0
         while not self._stopping.is_set():
-            head = sock.recv(4, socket.MSG_WAITALL)
-            if len(head) < 4:
-                return
-            (size,) = _I32.unpack(head)
-            if size <= 0 or size > max_frame:
+            avail = len(buf) - pos
+            size = _I32.unpack_from(buf, pos)[0] if avail >= 4 else 0
+            if avail >= 4 and (size <= 0 or size > max_frame):
                 self.metrics.bad_frames += 1
                 _limited.warning(
                     "kafka-frame-size",
@@ -119,26 +140,80 @@ class KafkaServer(TcpServer):
                     max_frame,
                 )
                 return
-            try:
-                frame = self._recv_exactly(sock, size, held)
-                if frame is None:
+            if avail < 4 or avail - 4 < size:  # need more bytes: answer what is pending first
+                if pending:
+                    _send(sock, pending)
+                    pending, pending_bytes = [], 0
+                rest = buf[pos:]
+                if not rest and held[1] and budget.tight:  # idle and others need it: give it back
+                    budget.give(held[1])
+                    held[1] = 0
+                if not held[1] and budget.try_take(_READ_AHEAD - _UNBUDGETED):
+                    held[1] = _READ_AHEAD - _UNBUDGETED
+                cap = _UNBUDGETED + held[1]
+                if avail >= 4 and 4 + size > cap:  # a big frame: read the rest as it comes, budgeted
+                    buf, pos = b"", 0
+                    try:
+                        frame = self._recv_exactly(sock, size - (len(rest) - 4), held, rest[4:])
+                        if frame is None:
+                            return
+                        if self._handle(sock, peer, frame, None) is None:
+                            return
+                    finally:
+                        budget.give(held[0])
+                        held[0] = 0
+                    continue
+                data = sock.recv(cap - len(rest))
+                if not data:
                     return
-                try:
-                    out = handler.handle_frame(frame, peer)
-                except ValueError as exc:
-                    self.metrics.bad_frames += 1
-                    _limited.warning("kafka-bad-request", "closing Kafka connection from %s: %s", peer, exc)
-                    return
-                del frame
-            finally:
-                self._budget.give(held[0])
-                held[0] = 0
-            if out is not None:
-                _send(sock, out)
+                buf, pos = rest + data, 0
+                continue
+            frame = buf[pos + 4 : pos + 4 + size]
+            pos += 4 + size
+            produce = frame[:2] == b"\0\0"
+            if pending and not produce:
+                _send(sock, pending)
+                pending, pending_bytes = [], 0
+            # Another produce request already here: keep this answer to send with the next.
+            nxt = len(buf) - pos
+            later = (
+                produce
+                and pending_bytes < _PENDING_BYTES
+                and nxt >= 6
+                and nxt - 4 >= _I32.unpack_from(buf, pos)[0]
+                and buf[pos + 4 : pos + 6] == b"\0\0"
+            )
+            out = self._handle(sock, peer, frame, pending if later or pending else None)
+            if out is None:
+                return
+            pending_bytes += out
+            if not later and pending:
+                _send(sock, pending)
+                pending, pending_bytes = [], 0
+
+    def _handle(self, sock: socket.socket, peer: Any, frame: bytes, pending: list[Any] | None) -> int | None:
+        """Answer ``frame``: the response is appended to ``pending`` (if given) or sent.
+        Returns the bytes appended, or None if the connection must close."""
+        try:
+            out = self._handler.handle_frame(frame, peer)
+        except ValueError as exc:
+            self.metrics.bad_frames += 1
+            _limited.warning("kafka-bad-request", "closing Kafka connection from %s: %s", peer, exc)
+            return None
+        if out is None:
+            return 0
+        if pending is None:
+            _send(sock, out)
+            return 0
+        if isinstance(out, bytes):
+            pending.append(out)
+            return len(out)
+        pending.extend(out)
+        return sum(len(b) for b in out)
 
 
 def _send(sock: socket.socket, out: bytes | list[Any]) -> None:
-    """Send a response frame: bytes, or buffers with scatter/gather writes (no joined
+    """Send response frames: bytes, or buffers with scatter/gather writes (no joined
     copy of a fetch's record batches)."""
     if isinstance(out, bytes):
         sock.sendall(out)
