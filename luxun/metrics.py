@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
+
 from .logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -149,7 +152,7 @@ class Metrics:
             out.append(f'luxun_kafka_requests_total{{api_key="{api_key}",version="{version}"}} {n}')
         family("luxun_kafka_errors_total", "counter", "Kafka-protocol error codes answered, by code.")
         for code, n in sorted(kafka_errors.items()):
-            out.append(f'luxun_kafka_errors_total{{code="{code}"}} {n}')
+            out.append(f'luxun_kafka_errors_total{{code="{code}",name="{_kafka_error_name(code)}"}} {n}')
         if self.kafka_groups is not None:
             family("luxun_kafka_groups", "gauge", "Kafka consumer groups known to the coordinator, by state.")
             for state, n in sorted(self.kafka_groups.group_states().items()):
@@ -230,11 +233,35 @@ def status_page(topics: Iterable[Any], metrics: Metrics, title: str) -> str:
             f"<td>{row['items_out']:,}</td><td>{groups}</td></tr>"
         )
     parts.append("</table>")
+    with metrics._lock:
+        kafka_requests, kafka_errors = dict(metrics.kafka_requests), dict(metrics.kafka_errors)
+    if kafka_requests:
+        parts.append("<h2>Kafka protocol</h2><table><tr><th>API</th><th>version</th><th>requests</th></tr>")
+        for (api_key, version), n in sorted(kafka_requests.items()):
+            parts.append(f"<tr><td>{html.escape(_kafka_api_name(api_key))}</td><td>{version}</td><td>{n:,}</td></tr>")
+        parts.append("</table><table><tr><th>error</th><th>code</th><th>answered</th></tr>")
+        for code, n in sorted(kafka_errors.items()):
+            parts.append(f"<tr><td>{html.escape(_kafka_error_name(code))}</td><td>{code}</td><td>{n:,}</td></tr>")
+        parts.append("</table>")
     if metrics.kafka_groups is not None:
-        states = ", ".join(f"{n:,} {html.escape(state)}" for state, n in metrics.kafka_groups.group_states().items())
-        parts.append(f"<p>Kafka consumer groups: {states}; {metrics.kafka_groups.rebalances_total:,} rebalances</p>")
+        group_states = metrics.kafka_groups.group_states()
+        parts.append("<h2>Kafka consumer groups</h2><table><tr><th>state</th><th>groups</th></tr>")
+        for state, n in sorted(group_states.items()):
+            parts.append(f"<tr><td>{html.escape(str(state))}</td><td>{n:,}</td></tr>")
+        parts.append(f"</table><p>{metrics.kafka_groups.rebalances_total:,} rebalances</p>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _kafka_api_name(api_key: int) -> str:
+    return str(api_key_map.get(api_key, api_key))
+
+
+def _kafka_error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return str(code)
 
 
 class _HTTPServer(ThreadingHTTPServer):

@@ -74,7 +74,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
+
+import numpy as np
 
 from bigarray import (
     ArrayClosedError,
@@ -98,6 +100,7 @@ from .errors import (
     TopicIsEmpty,
     TopicNotExist,
 )
+from .kafka import KIND_KAFKA_BATCH
 from .logs import RateLimitedLog
 from .metrics import Metrics
 from .topics import Topic, TopicAutoCreateDisabledError, TopicLimitError, TopicManager, is_fd_exhaustion
@@ -123,6 +126,10 @@ _WARN_EVERY_S = 10.0
 GROUP_LEASE_S = 5.0
 
 _OK = T.Result(resultCode=SUCCESS)
+
+# A Kafka record batch's header size and where its magic is (luxun.kafka.records).
+_BATCH_HEADER_SIZE: Final = 61
+_BATCH_MAGIC_AT: Final = 16
 
 
 def _result(code: int, error: int, message: str) -> Any:
@@ -410,6 +417,10 @@ class QueueHandler:
                 last_index = start + len(items) - 1
             if not len(items):
                 return reply(AllMessageConsumed(name, fanout_id=group, index=None if group else start).to_result())
+            # Kafka record batches become Luxun packs (the single-item group dequeue does not say where it read)
+            items = self._batches_as_packs(
+                name, queue, None if group and max_bytes is None and not with_times else first, items, group
+            )
             stats = topic.stats
             stats.items_out += len(items)
             stats.bytes_out += items.nbytes if isinstance(items, ItemBlob) else sum(map(len, items))
@@ -428,6 +439,66 @@ class QueueHandler:
             if retry:  # closed to make room (nothing was read or moved): once more, reopened
                 return self._consume_once(request, retry=False)
             return reply(self._not_exist(name))
+
+    def _batches_as_packs(
+        self, name: str, queue: Any, first: int | None, items: list[bytes] | ItemBlob, group: str | None
+    ) -> list[bytes] | ItemBlob:
+        """What a Thrift consumer gets of Kafka record batches (items of kind
+        ``KIND_KAFKA_BATCH``): each becomes one Luxun message pack of its records' values
+        (:func:`luxun.kafka.records.batch_to_pack`); every other item passes untouched.
+
+        ``items`` start at index ``first`` (None: one item taken by a group's dequeue).
+        A plain topic's fetch costs one vectorised read of its items' kinds and keeps its
+        blob; a single item costs a look at its byte 16 (a batch's magic, 2; a Luxun pack
+        has 0 there) and only a batch's kind is read from the index.
+        """
+        if isinstance(items, ItemBlob):
+            assert first is not None
+            try:
+                kinds = queue.offset_fields(first, len(items))[1]
+            except (IndexOutOfRangeError, ArrayClosedError):  # retention or a close since the read (rare)
+                return items  # as read: the group has moved past them already
+            if not kinds.any():
+                return items
+            out = items.to_list()
+            for k in np.flatnonzero(kinds == KIND_KAFKA_BATCH).tolist():
+                out[k] = self._batch_as_pack(name, first + k, out[k])
+            return out
+        item = items[0]  # the list paths read one item
+        if len(item) < _BATCH_HEADER_SIZE or item[_BATCH_MAGIC_AT] != 2:
+            return items
+        if first is None:  # where the group's dequeue read it: just behind the group, unless another
+            assert group is not None  # consumer of the group took an item since; then judge by content
+            try:
+                index = queue.group_index(group) - 1
+                first = index if queue.get(index) == item else None
+            except (IndexOutOfRangeError, ArrayClosedError):
+                first = None
+        if first is not None:
+            try:
+                if queue.item_kind(first) != KIND_KAFKA_BATCH:
+                    return items
+            except (IndexOutOfRangeError, ArrayClosedError):
+                first = None
+        return [self._batch_as_pack(name, first, item)]
+
+    def _batch_as_pack(self, name: str, index: int | None, item: bytes) -> bytes:
+        """One stored Kafka batch as a Luxun pack; a batch that does not read (corrupt,
+        or over batch_to_pack's size limit) is handed over as stored, and logged."""
+        from .kafka.records import BatchError, batch_to_pack  # the codecs load on first use
+
+        try:
+            return batch_to_pack(item)
+        except BatchError as exc:
+            if index is not None:
+                _limited.error(
+                    "kafka-batch",
+                    "topic %r item %d: Kafka batch sent to a Thrift consumer as stored: %s",
+                    name,
+                    index,
+                    exc,
+                )
+            return item
 
     def _await_creation(self, name: str) -> Topic | None:
         """The topic ``name`` once no other connection holds unprocessed input, or

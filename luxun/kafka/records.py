@@ -60,9 +60,10 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Sequence
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import lz4.frame  # type: ignore[import-untyped]
+import numpy as np
 import snappy  # type: ignore[import-untyped]
 import zstandard
 from crc32c import crc32c
@@ -338,16 +339,25 @@ def with_log_append_time(batch: bytes | bytearray | memoryview, now_ms: int) -> 
 # -- serving what is stored --------------------------------------------------------
 
 
-def patch_base_offsets(buf: bytearray | memoryview, starts: Sequence[int], base_offsets: Sequence[int]) -> None:
+def patch_base_offsets(
+    buf: bytearray | memoryview,
+    starts: Sequence[int] | np.ndarray[Any, Any],
+    base_offsets: Sequence[int] | np.ndarray[Any, Any],
+) -> None:
     """Write ``base_offsets[i]`` as the baseOffset of the batch at ``buf[starts[i]:]``.
 
     A fetch answer is stored batches back to back; each one's baseOffset (bytes 0..8,
     outside the crc) becomes the offset of its first record. One ``pack_into`` per
-    batch (about 0.15 us; the loop is per batch, never per record). Raises
-    ``ValueError`` if the lists differ in length or a start leaves no room for 8 bytes.
+    batch (about 0.2 us; the loop is per batch, never per record). ``starts`` and
+    ``base_offsets`` may be lists or numpy integer arrays. Raises ``ValueError`` if they
+    differ in length or a start leaves no room for 8 bytes.
     """
     if len(starts) != len(base_offsets):
         raise ValueError(f"{len(starts)} batch starts but {len(base_offsets)} base offsets")
+    if isinstance(starts, np.ndarray):
+        starts = starts.tolist()
+    if isinstance(base_offsets, np.ndarray):
+        base_offsets = base_offsets.tolist()
     limit = len(buf) - 8
     pack_into = _I64.pack_into
     for start, offset in zip(starts, base_offsets, strict=True):
@@ -445,7 +455,7 @@ def batch_records(batch: bytes | bytearray | memoryview, *, max_bytes: int = DEF
     base_ts = head.base_timestamp
     append_time = head.max_timestamp if head.log_append_time else None
     records: list[Record] = []
-    for ts_delta, offset_delta, key, value, headers in _read_records(body, head.record_count, True):
+    for ts_delta, offset_delta, key, value, headers in _read_records(body, head.record_count):
         ts = append_time if append_time is not None else base_ts + ts_delta
         records.append(Record(base_offset + offset_delta, ts, key, value, headers))
     return records
@@ -461,11 +471,7 @@ def batch_to_pack(batch: bytes | bytearray | memoryview, *, max_bytes: int = DEF
     raw), lz4 and zstd, at most ``max_bytes``; raises :class:`BatchError` otherwise.
     """
     head, body = _open(batch, max_bytes, control_body=False)
-    if head.control:
-        values: list[bytes | memoryview] = []
-    else:
-        values = [v if v is not None else b"" for _, _, _, v, _ in _read_records(body, head.record_count, False)]
-    return encode_pack(values)
+    return encode_pack([] if head.control else _read_values(body, head.record_count))
 
 
 # TMessagePack as Java Luxun writes it (see clients/pack.py): magic, attribute, crc32,
@@ -651,11 +657,11 @@ def _blob(buf: bytes, pos: int, limit: int) -> tuple[bytes | None, int]:
     return buf[pos:end], end
 
 
-def _read_records(body: bytes | memoryview, count: int, want_all: bool) -> list[_RawRecord]:
+def _read_records(body: bytes | memoryview, count: int) -> list[_RawRecord]:
     """``count`` records from ``body`` (which they must fill exactly), bounds-checked.
 
-    Each entry: (timestamp delta, offset delta, key, value, headers); key and headers
-    are only read (else None and ()) with ``want_all``. Raises :class:`BatchError`.
+    Each entry: (timestamp delta, offset delta, key, value, headers). Raises
+    :class:`BatchError`.
     """
     buf = bytes(body)
     size = len(buf)
@@ -664,44 +670,95 @@ def _read_records(body: bytes | memoryview, count: int, want_all: bool) -> list[
     pos = 0
     try:
         for _ in range(count):
-            b = buf[pos] if pos < size else 0x80
-            if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                length, pos = _varint(buf, pos, size)
+            length, pos = _varint(buf, pos, size)
             end = pos + length
             if length < _MIN_RECORD_SIZE - 1 or end > size:
                 raise _Corrupt(f"record length {length} with {size - pos} bytes left")
             # attributes (1 byte, unused), then the timestamp and offset deltas
             ts_delta, pos = _varint(buf, pos + 1, end)
-            b = buf[pos]
-            if b < 0x80:
-                offset_delta = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                offset_delta, pos = _varint(buf, pos, end)
+            offset_delta, pos = _varint(buf, pos, end)
             key, pos = _blob(buf, pos, end)
             value, pos = _blob(buf, pos, end)
-            if want_all:
-                headers: list[tuple[str, bytes | None]] = []
-                n_headers, pos = _varint(buf, pos, end)
-                if n_headers < 0 or n_headers > end - pos:
-                    raise _Corrupt(f"header count {n_headers}")
-                for _ in range(n_headers):
-                    hkey, pos = _blob(buf, pos, end)
-                    if hkey is None:
-                        raise _Corrupt("a header key is null")
-                    hvalue, pos = _blob(buf, pos, end)
-                    headers.append((hkey.decode("utf-8", "replace"), hvalue))
-                if pos != end:
-                    raise _Corrupt(f"record fields end at byte {pos}, its length says {end}")
-                append((ts_delta, offset_delta, key, value, tuple(headers)))
-            else:
-                append((ts_delta, offset_delta, None, value, ()))
-            pos = end  # (headers unread without want_all)
+            headers: list[tuple[str, bytes | None]] = []
+            n_headers, pos = _varint(buf, pos, end)
+            if n_headers < 0 or n_headers > end - pos:
+                raise _Corrupt(f"header count {n_headers}")
+            for _ in range(n_headers):
+                hkey, pos = _blob(buf, pos, end)
+                if hkey is None:
+                    raise _Corrupt("a header key is null")
+                hvalue, pos = _blob(buf, pos, end)
+                headers.append((hkey.decode("utf-8", "replace"), hvalue))
+            if pos != end:
+                raise _Corrupt(f"record fields end at byte {pos}, its length says {end}")
+            append((ts_delta, offset_delta, key, value, tuple(headers)))
     except _Corrupt as exc:
         raise BatchError(CORRUPT_MESSAGE, f"record {len(out)} of {count} is corrupt: {exc} (near byte {pos})") from None
+    if pos != size:
+        raise BatchError(CORRUPT_MESSAGE, f"{size - pos} bytes follow the batch's {count} records")
+    return out
+
+
+def _read_values(body: bytes | memoryview, count: int) -> list[bytes]:
+    """The values of ``count`` records in ``body`` (a null value as ``b""``): the
+    :func:`batch_to_pack` path of :func:`_read_records`, about twice as fast (keys and
+    headers are skipped unread; each record must still end where its length says or
+    before, and the records must fill ``body`` exactly). Raises :class:`BatchError`."""
+    buf = bytes(body)
+    size = len(buf)
+    out: list[bytes] = []
+    append = out.append
+    pos = 0
+    varint = _varint
+    try:
+        for _ in range(count):
+            b = buf[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                length, pos = varint(buf, pos, size)
+            end = pos + length
+            if length < _MIN_RECORD_SIZE - 1 or end > size:
+                raise _Corrupt(f"record length {length} with {size - pos} bytes left")
+            p = pos + 1  # attributes
+            while buf[p] & 0x80:  # timestamp delta
+                p += 1
+            p += 1
+            while buf[p] & 0x80:  # offset delta
+                p += 1
+            p += 1
+            b = buf[p]  # key length
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                n, p = varint(buf, p, end)
+            if n > 0:
+                p += n
+            elif n < -1:
+                raise _Corrupt(f"key length {n}")
+            if p >= end:
+                raise _Corrupt("the key runs past its record")
+            b = buf[p]  # value length
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                n, p = varint(buf, p, end)
+            if n >= 0:
+                if p + n >= end:  # (the header count follows)
+                    raise _Corrupt(f"value length {n} runs past its record")
+                append(buf[p : p + n])
+            elif n == -1:
+                append(b"")
+            else:
+                raise _Corrupt(f"value length {n}")
+            pos = end
+    except _Corrupt as exc:
+        raise BatchError(CORRUPT_MESSAGE, f"record {len(out)} of {count} is corrupt: {exc} (near byte {pos})") from None
+    except IndexError:
+        raise BatchError(CORRUPT_MESSAGE, f"record {len(out)} of {count} runs past the batch's records") from None
     if pos != size:
         raise BatchError(CORRUPT_MESSAGE, f"{size - pos} bytes follow the batch's {count} records")
     return out

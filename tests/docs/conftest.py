@@ -21,9 +21,9 @@ def brokers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StartBro
     their logs printed if it failed."""
     started: list[BrokerProcess] = []
 
-    def start(*, metrics: bool = False) -> BrokerProcess:
+    def start(*, metrics: bool = False, kafka: bool = False) -> BrokerProcess:
         n = len(started)
-        broker = BrokerProcess(tmp_path / f"data-{n}", tmp_path / f"broker-{n}.log", metrics=metrics)
+        broker = BrokerProcess(tmp_path / f"data-{n}", tmp_path / f"broker-{n}.log", metrics=metrics, kafka=kafka)
         started.append(broker)
         return broker.start()
 

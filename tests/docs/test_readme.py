@@ -48,7 +48,9 @@ STORAGE = "Quickstart: the storage library"
 CLIENTS = "Quickstart: Python clients"
 AT_LEAST_ONCE = "At-least-once consumer groups"
 SPARK = "Spark"
-SECTIONS = (BROKER, STORAGE, CLIENTS, AT_LEAST_ONCE, SPARK)
+KAFKA = "Kafka clients"
+KAFKA_CONFLUENT = "Kafka clients: confluent-kafka"
+SECTIONS = (BROKER, STORAGE, CLIENTS, AT_LEAST_ONCE, SPARK, KAFKA, KAFKA_CONFLUENT)
 #: The (section, language) blocks the tests below run; every block under SECTIONS must be one.
 COVERED = {
     (BROKER, "sh"),
@@ -57,6 +59,8 @@ COVERED = {
     (CLIENTS, "python"),
     (AT_LEAST_ONCE, "python"),
     (SPARK, "python"),
+    (KAFKA, "python"),
+    (KAFKA_CONFLUENT, "python"),
 }
 
 BLOCK_TIMEOUT_S = 90
@@ -417,3 +421,19 @@ spark.stop()
     done = run_python(blk, code, checks, prelude=prelude, env=env, timeout_s=SPARK_BLOCK_TIMEOUT_S)
     assert "events" in done.stdout, f"df.groupBy('topic').count().show() should print the topic:\n{done.stdout}"
     assert sorted(topic_messages(first, "copy")) == expected, "the write should copy every value to topic copy"
+
+
+def test_kafka_python_quickstart(brokers: StartBroker) -> None:
+    broker = brokers(kafka=True)
+    blk = block(KAFKA, "python")
+    code = rewrite(blk, {"127.0.0.1:9094": broker.bootstrap})
+    checks = "check(value('records'), [(0, b'user-7', b'{\"page\": 3}', [('source', b'web')])])\n"
+    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+
+
+def test_confluent_kafka_quickstart(brokers: StartBroker) -> None:
+    broker = brokers(kafka=True)
+    blk = block(KAFKA_CONFLUENT, "python")
+    code = rewrite(blk, {"127.0.0.1:9094": broker.bootstrap})
+    checks = "check(value('values'), [b'order 0', b'order 1', b'order 2'])\n"
+    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)

@@ -56,3 +56,27 @@ def test_confluent_kafka_every_codec(broker: BrokerProcess, codec: str) -> None:
         got.append((m.offset(), m.key(), m.value()))
     consumer.close()
     assert got == [(i, b"key-%d" % (i % 7), b"value-%d" % i) for i in range(500)]
+
+
+def test_metrics_and_status_page_count_kafka_requests_and_errors(tmp_path: Path) -> None:
+    import urllib.request
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True, metrics=True).start()
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=b.bootstrap, consumer_timeout_ms=1000)
+        tp = TopicPartition("seen", 0)
+        consumer.assign([tp])  # Metadata auto-creates "seen"; its partition 0 exists
+        consumer.seek(tp, 5)  # beyond the end: OFFSET_OUT_OF_RANGE (1) answered
+        assert list(consumer) == []
+        consumer.close()
+        base = f"http://127.0.0.1:{b.metrics_port}"
+        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        page = urllib.request.urlopen(base + "/", timeout=5).read().decode()
+    finally:
+        b.stop()
+    assert 'luxun_kafka_requests_total{api_key="18",version="3"}' in text  # ApiVersions v3
+    assert 'luxun_kafka_requests_total{api_key="3",' in text  # Metadata
+    assert 'luxun_kafka_errors_total{code="1",name="OFFSET_OUT_OF_RANGE"}' in text
+    assert "<h2>Kafka protocol</h2>" in page and "<td>fetch</td>" in page and "OFFSET_OUT_OF_RANGE" in page

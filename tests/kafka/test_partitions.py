@@ -1,0 +1,106 @@
+"""Topics of several partitions: CreateTopics, keyed produce, assign() per partition,
+Metadata, and num.partitions for topics a client creates by using them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._broker import BrokerProcess
+
+from ._kafka import read_partition
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_four_partitions_keyed_produce_and_assign(broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    futures = admin.create_topics([NewTopic("four", num_partitions=4, replication_factor=1)], request_timeout=10)
+    futures["four"].result(10)
+
+    metadata = admin.list_topics("four", timeout=10)
+    assert metadata.controller_id == metadata.orig_broker_id
+    assert [(b.id, b.host, b.port) for b in metadata.brokers.values()] == [
+        (metadata.orig_broker_id, "127.0.0.1", broker.kafka_port)
+    ]
+    topic = metadata.topics["four"]
+    assert topic.error is None
+    assert sorted(topic.partitions) == [0, 1, 2, 3]
+    for p in topic.partitions.values():
+        assert (p.leader, p.replicas, p.isrs, p.error) == (
+            metadata.orig_broker_id,
+            [metadata.orig_broker_id],
+            [metadata.orig_broker_id],
+            None,
+        )
+
+    sent: dict[int, list[tuple[bytes, bytes]]] = {}
+    delivered: list[tuple[int, int, bytes, bytes]] = []
+
+    def on_delivery(err: object, msg: object) -> None:
+        assert err is None, err
+        delivered.append((msg.partition(), msg.offset(), msg.key(), msg.value()))  # type: ignore[attr-defined]
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for i in range(400):
+        producer.produce("four", key=b"key-%d" % (i % 40), value=b"value-%d" % i, on_delivery=on_delivery)
+    assert producer.flush(15) == 0
+    assert len(delivered) == 400
+    for partition, _offset, key, value in sorted(delivered, key=lambda d: (d[0], d[1])):
+        sent.setdefault(partition, []).append((key, value))
+    assert sorted(sent) == [0, 1, 2, 3], "librdkafka's partitioner spreads 40 keys over all 4 partitions"
+    # Each key in one partition only; per partition, delivery offsets are 0..n-1.
+    keys_at = {key: p for p, _, key, _ in delivered}
+    assert all(keys_at[key] == p for p, _, key, _ in delivered)
+    for p, items in sent.items():
+        assert sorted(o for q, o, _, _ in delivered if q == p) == list(range(len(items)))
+
+    for p, items in sent.items():
+        got = read_partition(broker.bootstrap, "four", p, len(items))
+        assert [(m.offset(), m.key(), m.value()) for m in got] == [
+            (i, key, value) for i, (key, value) in enumerate(items)
+        ], f"partition {p}"
+        # Values of one key come in the order they were produced.
+        order = [int(m.value().split(b"-")[1]) for m in got]
+        assert order == sorted(order)
+
+
+def test_num_partitions_for_auto_created_topics(tmp_path: Path) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    config = tmp_path / "server.properties"
+    config.write_text("num.partitions=3\n")
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", "--config", str(config), kafka=True).start()
+    try:
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        for i in range(30):
+            producer.produce("auto", key=b"%d" % i, value=b"v")
+        assert producer.flush(15) == 0
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        deadline = time.monotonic() + 10
+        while True:
+            topic = admin.list_topics("auto", timeout=10).topics["auto"]
+            if topic.error is None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert sorted(topic.partitions) == [0, 1, 2]
+        # The Thrift port sees partition 0 as topic "auto" and the others as auto~1, auto~2.
+        assert sorted(p.name for p in (tmp_path / "data").iterdir() if p.is_dir()) == ["auto", "auto~1", "auto~2"]
+    finally:
+        broker.stop()

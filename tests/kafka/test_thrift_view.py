@@ -1,0 +1,160 @@
+"""What a Thrift consumer reads of Kafka record batches stored in a topic (item kind 1):
+one Luxun message pack per batch, of its records' values; Thrift-written items stay as
+they were written, even one whose bytes are exactly a Kafka batch.
+
+The batches are written by kafka-python's encoder straight into the topic's big array
+(kind 1, one count per record, as the Kafka port stores them) while no broker runs; a
+real broker subprocess then serves them to the thriftpy2 client over every consume path.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from bigarray import FanoutQueue
+from clients.pack import decode_pack, encode_pack
+from idl import luxun_thrift as T
+from luxun.kafka import KIND_KAFKA_BATCH
+from tests._broker import BrokerProcess
+
+pytestmark = pytest.mark.timeout(90)
+
+R = T.ResultCode
+T0 = 1_700_000_000_000
+
+
+def kafka_batch(values: list[bytes | None], codec: int) -> bytes:
+    b = DefaultRecordBatchBuilder(
+        magic=2, compression_type=codec, is_transactional=False, producer_id=-1, producer_epoch=-1,
+        base_sequence=-1, batch_size=1 << 20,
+    )  # fmt: skip
+    for i, value in enumerate(values):
+        b.append(i, timestamp=T0 + i, key=b"k%d" % i, value=value, headers=[("h", b"v")])
+    return bytes(b.build())
+
+
+def control_batch() -> bytes:
+    data = bytearray(kafka_batch([b"marker"], 0))
+    data[22] |= 0x20  # control (a transaction marker, as a broker writes them)
+    from crc32c import crc32c
+
+    data[17:21] = crc32c(bytes(data[21:])).to_bytes(4, "big")
+    return bytes(data)
+
+
+GZ = [b"gzip record %d " % i * 20 for i in range(5)] + [None]
+ZS = [b"zstd %d" % i * 30 for i in range(3)]
+SN = [b"snappy %d" % i * 30 for i in range(4)]
+PLAIN_1 = encode_pack([b"thrift one", b"thrift two"])
+PLAIN_2 = encode_pack([b"thrift three"])
+# A Thrift producer's item that is, byte for byte, a valid Kafka batch: it stays raw.
+LOOKALIKE = kafka_batch([b"not a kafka record"], 0)
+
+# A stored batch gone bad (its crc no longer matches): handed over as stored, and logged.
+BROKEN = bytearray(kafka_batch([b"broken"] * 3, 0))
+BROKEN[-1] ^= 0xFF
+
+# (item, count, kind) in index order, and what a Thrift consumer must read for each
+LAYOUT: list[tuple[bytes, int, int]] = [
+    (PLAIN_1, 1, 0),
+    (kafka_batch(GZ, 1), len(GZ), KIND_KAFKA_BATCH),
+    (kafka_batch([b"single"], 0), 1, KIND_KAFKA_BATCH),
+    (PLAIN_2, 1, 0),
+    (kafka_batch(ZS, 4), len(ZS), KIND_KAFKA_BATCH),
+    (control_batch(), 1, KIND_KAFKA_BATCH),
+    (LOOKALIKE, 1, 0),
+    (kafka_batch(SN, 2), len(SN), KIND_KAFKA_BATCH),
+    (bytes(BROKEN), 3, KIND_KAFKA_BATCH),
+]
+EXPECTED: list[list[bytes] | bytes] = [
+    [b"thrift one", b"thrift two"],
+    [v or b"" for v in GZ],
+    [b"single"],
+    [b"thrift three"],
+    ZS,
+    [],
+    LOOKALIKE,  # raw bytes, not a pack
+    SN,
+    bytes(BROKEN),
+]
+
+
+def seen(item: bytes, want: list[bytes] | bytes) -> bool:
+    return item == want if isinstance(want, bytes) else decode_pack(item) == want
+
+
+@pytest.fixture
+def broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    data = tmp_path / "data"
+    queue = FanoutQueue(str(data / "mixed"))
+    try:
+        for item, count, kind in LAYOUT:
+            queue.enqueue(item, count, kind)
+        assert queue.array.next_offset == sum(count for _, count, _ in LAYOUT)
+    finally:
+        queue.close()
+    proc = BrokerProcess(data, tmp_path / "broker.log").start()
+    yield proc
+    proc.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.failed:
+        sys.stderr.write(proc.log())
+
+
+@pytest.fixture
+def client(broker: BrokerProcess) -> Iterator[Any]:
+    c = broker.client()
+    yield c
+    c.close()
+
+
+def consume(client: Any, **fields: Any) -> Any:
+    response = client.consume(T.ConsumeRequest(topic="mixed", **fields))
+    assert response.result.resultCode == R.SUCCESS, response.result
+    return response
+
+
+def test_fetch_by_index_turns_batches_into_packs(client: Any, broker: BrokerProcess) -> None:
+    response = consume(client, startIndex=0, maxFetchSize=1 << 20)
+    assert len(response.itemList) == len(EXPECTED) and response.lastConsumedIndex == len(EXPECTED) - 1
+    for i, (item, want) in enumerate(zip(response.itemList, EXPECTED, strict=True)):
+        assert seen(item, want), i
+    assert f"topic 'mixed' item {len(EXPECTED) - 1}: Kafka batch sent to a Thrift consumer as stored" in broker.log()
+    part = consume(client, startIndex=4, maxFetchSize=1 << 20, withTimestamps=True)
+    assert part.firstIndex == 4 and len(part.timestampList) == len(part.itemList) == len(EXPECTED) - 4
+    assert all(seen(item, want) for item, want in zip(part.itemList, EXPECTED[4:], strict=True))
+
+
+def test_single_items_by_index(client: Any) -> None:
+    for i, want in enumerate(EXPECTED):
+        [item] = consume(client, startIndex=i).itemList
+        assert seen(item, want), i
+        [item] = consume(client, startIndex=i, withTimestamps=True).itemList
+        assert seen(item, want), i
+
+
+@pytest.mark.parametrize("fields", [{}, {"withTimestamps": True}, {"maxFetchSize": 1 << 20}, {"maxFetchSize": 300}])
+def test_groups_read_packs(client: Any, fields: dict[str, Any]) -> None:
+    got: list[bytes] = []
+    for _ in range(len(EXPECTED)):
+        response = client.consume(T.ConsumeRequest(topic="mixed", fanoutId="g", **fields))
+        if response.result.resultCode != R.SUCCESS:
+            break
+        got += response.itemList
+    assert len(got) == len(EXPECTED)
+    for i, (item, want) in enumerate(zip(got, EXPECTED, strict=True)):
+        assert seen(item, want), i
+
+
+def test_from_committed_reads_packs(client: Any) -> None:
+    request = T.CommitOffsetRequest(topic="mixed", fanoutId="c", index=4)
+    assert client.commitOffset(request).result.resultCode == R.SUCCESS
+    response = consume(client, fanoutId="c", fromCommitted=True, maxFetchSize=1 << 20)
+    assert all(seen(item, want) for item, want in zip(response.itemList, EXPECTED[4:], strict=True))
+    assert len(response.itemList) == len(EXPECTED) - 4
