@@ -244,11 +244,8 @@ def status_page(topics: Iterable[Any], metrics: Metrics, title: str) -> str:
             parts.append(f"<tr><td>{html.escape(_kafka_error_name(code))}</td><td>{code}</td><td>{n:,}</td></tr>")
         parts.append("</table>")
     if metrics.kafka_groups is not None:
-        group_states = metrics.kafka_groups.group_states()
-        parts.append("<h2>Kafka consumer groups</h2><table><tr><th>state</th><th>groups</th></tr>")
-        for state, n in sorted(group_states.items()):
-            parts.append(f"<tr><td>{html.escape(str(state))}</td><td>{n:,}</td></tr>")
-        parts.append(f"</table><p>{metrics.kafka_groups.rebalances_total:,} rebalances</p>")
+        states = ", ".join(f"{n:,} {html.escape(state)}" for state, n in metrics.kafka_groups.group_states().items())
+        parts.append(f"<p>Kafka consumer groups: {states}; {metrics.kafka_groups.rebalances_total:,} rebalances</p>")
     parts.append("</body></html>")
     return "".join(parts)
 

@@ -367,12 +367,14 @@ class TopicManager:
         log.debug("opened topic %r: %d items (indexes %d..%d)", name, queue.size(), queue.tail, queue.head)
         return topic
 
-    def create_and_append(self, name: str, items: Sequence[bytes]) -> tuple[Topic, int]:
+    def create_and_append(self, name: str, items: Sequence[bytes], *, explicit: bool = False) -> tuple[Topic, int]:
         """Append ``items`` to topic ``name``, creating (or opening) it first if needed;
         ``(topic, index of the first item)``.
 
         A new topic is created with ``items`` already in it before any other thread can
         see it. If the creation or the first append fails, the topic is not created.
+        ``explicit``: a request to create it (Kafka's CreateTopics), which
+        ``auto.create.topics.enable=false`` does not refuse.
 
         Raises:
             bigarray.InvalidNameError: the name breaks the topic naming rules.
@@ -398,7 +400,7 @@ class TopicManager:
                 if busy is None and name in self._known:
                     continue  # created meanwhile
                 if busy is None:
-                    if not self.auto_create:
+                    if not self.auto_create and not explicit:
                         raise TopicAutoCreateDisabledError(
                             f"topic {name!r} does not exist and auto.create.topics.enable is false"
                         )
@@ -423,9 +425,10 @@ class TopicManager:
                 self._release(name, busy)
 
     def get_or_create(self, name: str) -> Topic:
-        """The topic called ``name``, opened, or created empty (for tools and tests; the
-        broker creates topics with their first items, :meth:`create_and_append`)."""
-        return self.create_and_append(name, [])[0]
+        """The topic called ``name``, opened, or created empty even with auto-creation
+        off (an explicit creation: Kafka's CreateTopics, tools and tests; a produce
+        creates topics with their first items, :meth:`create_and_append`)."""
+        return self.create_and_append(name, [], explicit=True)[0]
 
     @staticmethod
     def _append(queue: FanoutQueue, items: Sequence[bytes]) -> int:

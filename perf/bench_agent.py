@@ -168,12 +168,24 @@ class Agent:
                     return int(line.split()[1]) * 1024
         return 0
 
-    def cpu_s(self) -> float:
-        """The agent's user + system CPU time so far."""
+    def cpu_s(self) -> tuple[float, float]:
+        """The agent's (user, system) CPU time so far."""
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return 0.0
+            tick = os.sysconf("SC_CLK_TCK")
+            return int(fields[11]) / tick, int(fields[12]) / tick
+        return 0.0, 0.0
+
+    def context_switches(self) -> int:
+        """Context switches (voluntary + not) of all the agent's threads so far."""
+        n = 0
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    for line in (task / "status").read_text().splitlines():
+                        if "ctxt_switches:" in line:
+                            n += int(line.split()[1])
+        return n
 
     def stop(self) -> dict[str, Any]:
         self.proc.send_signal(signal.SIGTERM)
@@ -216,6 +228,7 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     cpu0 = agent.cpu_s()
+    switches0 = agent.context_switches()
     spec = {"transport": transport, "size": size, "topic": topic, "dgram": agent.dgram, "stream": agent.stream,
             "tcp_port": agent.tcp_port, "seconds": args.seconds, "max_messages": args.max_messages}  # fmt: skip
     reports = run_clients(agent_client, [spec] * args.clients, args.seconds + 60)
@@ -231,7 +244,9 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
             break
         time.sleep(0.02)
     t_done = time.monotonic()
-    agent_cpu = agent.cpu_s() - cpu0
+    cpu1 = agent.cpu_s()
+    agent_user, agent_sys = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+    switches = agent.context_switches() - switches0
     stop.set()
     sampler.join()
     send_s = max(r["t1"] for r in reports) - t0
@@ -249,7 +264,9 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
         "client_cpu_us_per_msg": round(1e6 * sum(r["cpu_s"] for r in reports) / sent, 2),
         "client_wall_us_per_msg": round(1e6 * sum(r["t1"] - r["t0"] for r in reports) / sent, 2),
         "agent_peak_rss_mib": round(peak_rss[0] / 2**20, 1),
-        "agent_cpu_us_per_msg": round(1e6 * agent_cpu / max(1, sent), 2),
+        "agent_cpu_us_per_msg": round(1e6 * (agent_user + agent_sys) / max(1, sent), 2),
+        "agent_sys_us_per_msg": round(1e6 * agent_sys / max(1, sent), 2),
+        "agent_context_switches_per_1k_msgs": round(1000 * switches / max(1, sent), 1),
         "complete": delivered + discarded >= sent,
     }
 
@@ -278,6 +295,8 @@ def measure_producer(broker: str, size: int, args: argparse.Namespace, run_id: s
         "client_wall_us_per_msg": None,
         "agent_peak_rss_mib": None,
         "agent_cpu_us_per_msg": None,
+        "agent_sys_us_per_msg": None,
+        "agent_context_switches_per_1k_msgs": None,
         "complete": True,
     }
 
@@ -325,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                     rate = fmt_rate(row["end_to_end_msgs_per_s"])
                     print(f"  {row['path']:<16} {size:>5} B: {rate} msgs/s end to end, "
                           f"client {row['client_cpu_us_per_msg']} us cpu/msg, agent {row['agent_cpu_us_per_msg']} us "
-                          "cpu/msg", file=sys.stderr)  # fmt: skip
+                          f"cpu/msg ({row['agent_sys_us_per_msg']} system), "
+                          f"{row['agent_context_switches_per_1k_msgs']} context switches per 1000 msgs",
+                          file=sys.stderr)  # fmt: skip
                 if not args.no_peer:
                     row = measure_producer(address, size, args, run_id)
                     rows.append(row)

@@ -78,6 +78,10 @@ _FORBIDDEN = frozenset({"Cc", "Cf", "Co", "Cs", "Cn"})
 _TOPIC_CACHE_MAX = 10_000
 #: Pool bytes an input thread takes at a time (what it does not use goes back when idle).
 _CREDIT_BYTES = 64 * 1024
+#: Messages an input thread hands to the router at a time, at most.
+_HANDOVER_MESSAGES = 512
+#: The datagram input hands its messages over once no datagram came for this long.
+_DGRAM_HANDOVER_S = 0.002
 
 
 class Pool:
@@ -214,7 +218,7 @@ class _Intake:
                 return
         self.credit -= charge
         self.pending.append(f)
-        if len(self.pending) >= 512:
+        if len(self.pending) >= _HANDOVER_MESSAGES:
             self.flush(idle=False)
 
     def flush(self, *, idle: bool) -> None:
@@ -367,6 +371,7 @@ class Agent:
         self.received = [0, 0, 0]
         self.keys_dropped = 0
         self.keys_dropped_bytes = 0
+        self.handovers = 0  # chunks of messages the router took from the inputs
         self._log_times: dict[str, float] = {}
         self._log_lock = threading.Lock()
         self.tcp_port: int | None = None
@@ -497,13 +502,16 @@ class Agent:
         if not self._wake_router.is_set():
             self._wake_router.set()
 
-    def _wait_readable(self, s: socket.socket) -> bool:
-        """Block until ``s`` is readable; False when the agent stops."""
+    def _wait_readable(self, s: socket.socket, timeout_s: float | None = None) -> bool | None:
+        """Block until ``s`` is readable (True), ``timeout_s`` passed (None) or the agent
+        stops (False)."""
         try:
-            select.select([s.fileno(), self._wake_r], [], [])
+            ready, _, _ = select.select([s.fileno(), self._wake_r], [], [], timeout_s)
         except (OSError, ValueError):
             return False
-        return not self._stopping
+        if self._stopping:
+            return False
+        return True if ready else None
 
     def _read_datagrams(self, s: socket.socket) -> None:
         size = self.config.max_datagram_bytes
@@ -516,8 +524,15 @@ class Agent:
                 try:
                     batch = receive()
                 except BlockingIOError:
-                    intake.flush(idle=True)  # hand over what was read before sleeping
-                    if not self._wait_readable(s):
+                    # Senders are held after net.unix.max_dgram_qlen datagrams, so the queue
+                    # is empty every few messages: handing each few to the router would wake
+                    # it (a context switch and a GIL hand-over) thousands of times a second.
+                    # Messages wait here until _DGRAM_HANDOVER_S passes with none arriving.
+                    ready = self._wait_readable(s, _DGRAM_HANDOVER_S) if intake.pending else None
+                    if ready is None:
+                        intake.flush(idle=True)  # hand over what was read before sleeping
+                        ready = self._wait_readable(s)
+                    if not ready:
                         break
                     continue
                 except OSError:
@@ -655,11 +670,11 @@ class Agent:
 
     def _route_chunk(self, transport: int, chunk: list[Fields]) -> None:
         self.received[transport] += len(chunk)
-        cfg = self.config
-        max_pack = cfg.message_max_bytes
+        self.handovers += 1
+        room = self.config.message_max_bytes - PACK_OVERHEAD_BYTES  # a pack's bytes of values
         n_senders = len(self.senders)
         batches = self._batches
-        topics = self._topics
+        topics = self._topics if self._topics_epoch == self._seen_epoch else {}
         stats = self.stats
         now = time.monotonic()
         for f in chunk:
@@ -667,15 +682,16 @@ class Agent:
             if key:
                 self.keys_dropped += 1
                 self.keys_dropped_bytes += len(key)
-            st = topics.get(raw) if self._topics_epoch == self._seen_epoch else None
+            st = topics.get(raw)
             if st is None:
                 st = self._topic_state(raw)
+                topics = self._topics
                 if st is None:
                     self.pool.free(charge_of(f))
                     stats.discard(S.BAD_TOPIC, None, sample=raw)
                     continue
             size = len(value) + 4
-            if size + PACK_OVERHEAD_BYTES > max_pack:
+            if size > room:
                 self.pool.free(charge_of(f))
                 stats.discard(S.TOO_LARGE, st.name, sample=raw + b" " + value[:64], ts_min=ts, ts_max=ts)
                 continue
@@ -683,23 +699,25 @@ class Agent:
                 self.pool.free(charge_of(f))
                 stats.discard(S.RATE_LIMITED, st.name, ts_min=ts, ts_max=ts)
                 continue
-            group = -1 if pk is None else pk % n_senders
-            bkey = (st.name, group)
+            bkey = (st.name, -1 if pk is None else pk % n_senders)
             b = batches.get(bkey)
-            if b is not None and b.bytes + size + PACK_OVERHEAD_BYTES > max_pack:
+            if b is not None and b.bytes + size > room:
                 del batches[bkey]
                 self._dispatch(b)
                 b = None
             if b is None:
+                group = bkey[1]
                 b = batches[bkey] = _Batch(st.name, group, None if group < 0 else group, now, st.linger_s)
-            b.values.append(value)
+            values = b.values
+            values.append(value)
             b.bytes += size
-            b.charge += charge_of(f)
+            # charge_of(f), inline: this loop runs once per message
+            b.charge += (28 if pk is None else 32) + len(raw) + len(key) + size + (MSG_OVERHEAD_BYTES - 4)
             if ts < b.min_ts:
                 b.min_ts = ts
             if ts > b.max_ts:
                 b.max_ts = ts
-            if len(b.values) >= st.max_messages or b.bytes >= st.max_bytes:
+            if len(values) >= st.max_messages or b.bytes >= st.max_bytes:
                 del batches[bkey]
                 self._dispatch(b)
 
@@ -800,6 +818,7 @@ class Agent:
             out[name] = n
         out["AgentKeyDropped"] = self.keys_dropped
         out["AgentKeyDroppedBytes"] = self.keys_dropped_bytes
+        out["AgentInputHandovers"] = self.handovers
         out["MsgDelivered"] = sum(self.stats.delivered.values())
         out["PoolBytesUsed"] = self.pool.used
         out["PoolBytesPeak"] = self.pool.peak

@@ -716,6 +716,10 @@ def _read_values(body: bytes | memoryview, count: int) -> list[bytes]:
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif buf[pos + 1] < 0x80:  # two bytes: records of 64 B to 8 KiB
+                length = (b & 0x7F) | (buf[pos + 1] << 7)
+                length = (length >> 1) ^ -(length & 1)
+                pos += 2
             else:
                 length, pos = varint(buf, pos, size)
             end = pos + length
@@ -744,6 +748,10 @@ def _read_values(body: bytes | memoryview, count: int) -> list[bytes]:
             if b < 0x80:
                 n = (b >> 1) ^ -(b & 1)
                 p += 1
+            elif buf[p + 1] < 0x80:
+                n = (b & 0x7F) | (buf[p + 1] << 7)
+                n = (n >> 1) ^ -(n & 1)
+                p += 2
             else:
                 n, p = varint(buf, p, end)
             if n >= 0:

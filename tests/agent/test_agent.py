@@ -371,6 +371,20 @@ def test_a_datagram_over_max_datagram_msg_size_is_cut_and_malformed(brokers: Any
     assert a.stop() == 0
 
 
+def test_datagrams_reach_the_router_in_chunks_not_one_wake_up_per_few(brokers: Any, agents: Agents) -> None:
+    """A datagram sender is held after net.unix.max_dgram_qlen (10) messages, so the agent's
+    socket is empty every few messages; handing each few to the router cost a wake-up (a
+    context switch) per ~2 messages. The reader now hands over after a short quiet time."""
+    (b,) = brokers(1)
+    a = agents([address(b)])
+    n = 3000
+    dgram_send(a.dgram, [encode(b"chunks", b"m%d" % i) for i in range(n)], "connected")
+    a.wait(lambda: a.counters().get("MsgDelivered", 0) == n, message=f"{n} delivered")
+    handovers = a.counters()["AgentInputHandovers"]
+    assert handovers <= 100, f"{handovers} hand-overs for {n} datagrams sent back to back"
+    assert read_topic(b, "chunks") == [b"m%d" % i for i in range(n)]
+
+
 def test_start_errors_are_one_line_exit_2_and_leave_nothing(tmp_path: Path) -> None:
     import subprocess
     import sys

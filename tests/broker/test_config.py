@@ -189,7 +189,18 @@ def test_defaults() -> None:
 def test_known_keys_are_designs_list_plus_ours() -> None:
     assert JAVA_KEYS == DESIGN_KEYS
     topic_keys = {"auto.create.topics.enable", "max.topics", "max.open.topics"}
-    assert {"host", "metrics.host", "metrics.port", *topic_keys} == OUR_KEYS
+    kafka_keys = {
+        "kafka.port",
+        "kafka.host",
+        "kafka.advertised.host",
+        "kafka.advertised.port",
+        "num.partitions",
+        "delete.topic.enable",
+        "message.max.bytes",
+        "socket.request.max.bytes",
+        "group.initial.rebalance.delay.ms",
+    }
+    assert {"host", "metrics.host", "metrics.port", *topic_keys, *kafka_keys} == OUR_KEYS
     assert KNOWN_KEYS == DESIGN_KEYS | OUR_KEYS
     assert UNUSED_KEYS <= JAVA_KEYS
 
@@ -582,3 +593,20 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
         load_properties(missing)
     with pytest.raises(ConfigError, match=r"nope\.properties"):
         BrokerConfig.from_file(missing)
+
+
+def test_kafka_keys_in_the_file() -> None:
+    config = _load(
+        "kafka.port=9094\nkafka.advertised.host=broker.example\nnum.partitions=4\n"
+        "delete.topic.enable=true\ngroup.initial.rebalance.delay.ms=3000\n"
+    )
+    assert (config.kafka_port, config.kafka_host, config.kafka_advertised_host) == (9094, "", "broker.example")
+    assert (config.num_partitions, config.delete_topic_enable, config.group_initial_rebalance_delay_ms) == (
+        4,
+        True,
+        3000,
+    )
+    with pytest.raises(ConfigError, match=r"num\.partitions"):
+        _load("num.partitions=0\n")
+    with pytest.raises(ConfigError, match=r"delete\.topic\.enable"):
+        _load("delete.topic.enable=yes\n")

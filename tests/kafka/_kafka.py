@@ -145,6 +145,13 @@ def produce_request(topic: str, partition: int, records: bytes, *, version: int 
     )
 
 
+def metadata_request(*topics: str, version: int = 4) -> Any:
+    """Metadata of ``topics`` (created if unknown, as a producer's first Metadata does)."""
+    schema = load_request_schema(3, version)
+    module = importlib.import_module(schema.__module__)
+    return schema(topics=tuple(module.MetadataRequestTopic(name=t) for t in topics), allow_auto_topic_creation=True)
+
+
 def produce_partition_response(response: Any) -> Any:
     """The one partition response of a one-partition Produce response."""
     (topic,) = response.responses

@@ -424,7 +424,7 @@ def test_metrics_carry_group_states_and_rebalances(coord: GroupCoordinator) -> N
     assert 'luxun_kafka_groups{state="CompletingRebalance"} 1' in text
     assert "luxun_kafka_group_rebalances_total 2" in text
     page = status_page([], metrics, "test")
-    assert "<tr><td>Stable</td><td>1</td></tr>" in page and "<p>2 rebalances</p>" in page
+    assert "Kafka consumer groups: 0 Empty, 0 PreparingRebalance, 1 CompletingRebalance, 1 Stable; 2 rebalances" in page
 
 
 def test_empty_groups_are_forgotten_after_their_ttl(topics: TopicManager) -> None:

@@ -85,6 +85,16 @@ EXPECTED: list[list[bytes] | bytes] = [
 ]
 
 
+# More items than _may_hold_batches looks at one by one: raw Thrift items with a 2 at
+# byte 16 (like a batch's magic; they stay raw) and three batches among them.
+MANY: list[tuple[bytes, int, int]] = [(bytes(16) + b"\x02" + b"raw %03d" % i + bytes(80), 1, 0) for i in range(100)]
+for _at in (3, 80, 99):
+    MANY[_at] = (kafka_batch([b"batch at %d" % _at, None], _at % 5), 2, KIND_KAFKA_BATCH)
+MANY_EXPECTED: list[list[bytes] | bytes] = [
+    [b"batch at %d" % i, b""] if kind == KIND_KAFKA_BATCH else item for i, (item, _, kind) in enumerate(MANY)
+]
+
+
 def seen(item: bytes, want: list[bytes] | bytes) -> bool:
     return item == want if isinstance(want, bytes) else decode_pack(item) == want
 
@@ -97,6 +107,12 @@ def broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BrokerPro
         for item, count, kind in LAYOUT:
             queue.enqueue(item, count, kind)
         assert queue.array.next_offset == sum(count for _, count, _ in LAYOUT)
+    finally:
+        queue.close()
+    queue = FanoutQueue(str(data / "many"))
+    try:
+        for item, count, kind in MANY:
+            queue.enqueue(item, count, kind)
     finally:
         queue.close()
     proc = BrokerProcess(data, tmp_path / "broker.log").start()
@@ -131,6 +147,17 @@ def test_fetch_by_index_turns_batches_into_packs(client: Any, broker: BrokerProc
     assert all(seen(item, want) for item, want in zip(part.itemList, EXPECTED[4:], strict=True))
 
 
+@pytest.mark.parametrize("fields", [{"startIndex": 0}, {"fanoutId": "g"}])
+def test_a_fetch_of_many_items_finds_the_batches_among_them(client: Any, fields: dict[str, Any]) -> None:
+    response = client.consume(T.ConsumeRequest(topic="many", maxFetchSize=1 << 20, **fields))
+    assert response.result.resultCode == R.SUCCESS and len(response.itemList) == len(MANY) > 64
+    for i, (item, want) in enumerate(zip(response.itemList, MANY_EXPECTED, strict=True)):
+        assert seen(item, want), i
+    plain = client.consume(T.ConsumeRequest(topic="many", startIndex=4, maxFetchSize=76 * 104)).itemList
+    assert 64 < len(plain) <= 76  # none is a batch: the blob as read
+    assert plain == [item for item, _, _ in MANY[4 : 4 + len(plain)]]
+
+
 def test_single_items_by_index(client: Any) -> None:
     for i, want in enumerate(EXPECTED):
         [item] = consume(client, startIndex=i).itemList
@@ -158,3 +185,66 @@ def test_from_committed_reads_packs(client: Any) -> None:
     response = consume(client, fanoutId="c", fromCommitted=True, maxFetchSize=1 << 20)
     assert all(seen(item, want) for item, want in zip(response.itemList, EXPECTED[4:], strict=True))
     assert len(response.itemList) == len(EXPECTED) - 4
+
+
+# -- end to end: Kafka producers on the Kafka port, Thrift consumers -------------------
+
+
+@pytest.fixture
+def kafka_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path / "kdata", tmp_path / "kbroker.log", kafka=True).start()
+    yield proc
+    proc.stop()
+    sys.stderr.write(proc.log())
+
+
+def drain(client: Any, topic: str, group: str, want: int, **fields: Any) -> list[bytes]:
+    """Thrift consume by group until ``want`` messages (in packs) are read or 20 s pass."""
+    import time
+
+    messages: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(messages) < want and time.monotonic() < deadline:
+        response = client.consume(T.ConsumeRequest(topic=topic, fanoutId=group, maxWaitMs=200, **fields))
+        for item in response.itemList or []:
+            messages += decode_pack(item)
+    return messages
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_thrift_consumers_read_what_confluent_kafka_produced(kafka_broker: BrokerProcess, codec: str) -> None:
+    from confluent_kafka import Producer
+
+    topic = "ck-" + codec
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "compression.type": codec, "linger.ms": 20})
+    values = [None if i % 50 == 7 else b"record %d " % i * (1 + i % 5) for i in range(400)]
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, key=b"k%d" % i, headers=[("h", b"x")])
+    assert producer.flush(15) == 0
+    want = [v or b"" for v in values]
+    client = kafka_broker.client()
+    try:
+        assert drain(client, topic, "fetching", len(want), maxFetchSize=1 << 20) == want
+        assert drain(client, topic, "one-by-one", len(want)) == want
+    finally:
+        client.close()
+
+
+def test_thrift_and_kafka_producers_on_one_topic(kafka_broker: BrokerProcess) -> None:
+    from kafka import KafkaProducer
+
+    client = kafka_broker.client()
+    try:
+        ok = client.produce(T.ProduceRequest(topic="shared", item=encode_pack([b"thrift 1", b"thrift 2"])))
+        assert ok.result.resultCode == R.SUCCESS
+        producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, compression_type="gzip", linger_ms=20)
+        for i in range(10):
+            producer.send("shared", value=b"kafka %d" % i, key=b"k")
+        producer.flush(10)
+        producer.close()
+        ok = client.produce(T.ProduceRequest(topic="shared", item=encode_pack([b"thrift 3"])))
+        assert ok.result.resultCode == R.SUCCESS
+        want = [b"thrift 1", b"thrift 2", *(b"kafka %d" % i for i in range(10)), b"thrift 3"]
+        assert drain(client, "shared", "g", len(want), maxFetchSize=1 << 20) == want
+    finally:
+        client.close()

@@ -1,0 +1,99 @@
+"""Idempotent producers: confluent-kafka's exactly-once delivery, a retried Produce
+answered with the first one's offset and not stored twice, a sequence gap refused;
+transactions refused with a clear error."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._broker import BrokerProcess
+
+from ._kafka import (
+    RawClient,
+    metadata_request,
+    produce_partition_response,
+    produce_request,
+    read_partition,
+    record_batch,
+    request,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_confluent_idempotent_producer_delivers_exactly_once(broker: BrokerProcess) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 2, "acks": "all"}
+    )
+    for i in range(1000):
+        producer.produce("idem", value=b"%d" % i)
+        if i % 100 == 0:
+            producer.poll(0)
+    assert producer.flush(20) == 0
+    got = read_partition(broker.bootstrap, "idem", 0, 1000)
+    assert [(m.offset(), m.value()) for m in got] == [(i, b"%d" % i) for i in range(1000)]
+
+
+def test_a_retried_produce_is_answered_with_the_first_offset_and_stored_once(broker: BrokerProcess) -> None:
+    with RawClient(broker.kafka_port) as raw:
+        init = raw.call(request(22, 1, transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60)))
+        assert init.error_code == 0 and init.producer_id >= 0
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        def send(values: list[bytes], seq: int) -> tuple[int, int]:
+            batch = record_batch(values, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+            part = produce_partition_response(raw.call(produce_request("retry", 0, batch)))
+            return int(part.error_code), int(part.base_offset)
+
+        (topic,) = raw.call(metadata_request("retry")).topics  # creates it, as a producer's Metadata does
+        assert topic.error_code == 0
+        assert send([b"a0", b"a1", b"a2"], 0) == (0, 0)
+        assert send([b"a0", b"a1", b"a2"], 0) == (0, 0)  # the same request again: a retry
+        assert send([b"b0", b"b1"], 3) == (0, 3)
+        assert send([b"a0", b"a1", b"a2"], 0) == (0, 0)  # an older retry, still remembered
+        assert send([b"b0", b"b1"], 3) == (0, 3)
+        code, _ = send([b"gap"], 9)  # 5 expected
+        assert code == OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert send([b"c0"], 5) == (0, 5)
+    got = read_partition(broker.bootstrap, "retry", 0, 6)
+    assert [(m.offset(), m.value()) for m in got] == list(enumerate([b"a0", b"a1", b"a2", b"b0", b"b1", b"c0"]))
+
+
+def test_transactions_are_refused_clearly_and_the_broker_keeps_serving(broker: BrokerProcess) -> None:
+    from confluent_kafka import KafkaException, Producer
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx-1"})
+    t0 = time.monotonic()
+    with pytest.raises(KafkaException) as info:
+        producer.init_transactions(10)
+    assert time.monotonic() - t0 < 10, "refused at once, not by the client's timeout"
+    error = info.value.args[0]
+    assert not error.retriable(), error
+    assert "coordinator" in error.str() or "transaction" in error.str().lower(), error
+    del producer
+    # The broker still serves a plain producer.
+    from confluent_kafka import Producer as Plain
+
+    plain = Plain({"bootstrap.servers": broker.bootstrap})
+    plain.produce("after-tx", value=b"ok")
+    assert plain.flush(10) == 0
+    assert [m.value() for m in read_partition(broker.bootstrap, "after-tx", 0, 1)] == [b"ok"]
+    assert broker.proc is not None and broker.proc.poll() is None
