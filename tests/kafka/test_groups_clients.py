@@ -449,3 +449,23 @@ def test_broker_stop_answers_a_waiting_join_group(tmp_path: Path) -> None:
             pass  # closed before the answer went out: the client looks for the coordinator again
     finally:
         broker.stop()
+
+
+def test_a_commit_survives_a_broker_killed_with_sigkill(broker: BrokerProcess) -> None:
+    """The committed offset is in the topic's mapped committed page once OffsetCommit is
+    answered: a kill -9 of the broker right after loses nothing."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    create_topic(broker, "crash", 2)
+    produce(broker, "crash", 10, batch=4)  # partition 0: items of 4, 4 and 2 records
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "crash", "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition("crash", 0, 6), TopicPartition("crash", 1, 0)], asynchronous=False)
+    c.close()
+    broker.stop(signal.SIGKILL)
+    broker.start()
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "crash", "enable.auto.commit": False})
+    try:
+        committed = c.committed([TopicPartition("crash", 0), TopicPartition("crash", 1)], timeout=10)
+        assert [(tp.partition, tp.offset) for tp in committed] == [(0, 6), (1, 0)]
+    finally:
+        c.close()
