@@ -16,14 +16,14 @@ StartBroker = Callable[..., BrokerProcess]
 
 @pytest.fixture
 def brokers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StartBroker]:
-    """``brokers(metrics=False)`` starts a broker (own data dir, free 127.0.0.1 ports,
+    """``brokers(metrics=False, kafka=False)`` starts a broker (own data dir, free 127.0.0.1 ports,
     password ``tests._broker.PASSWORD``); all are stopped at the end of the test and
     their logs printed if it failed."""
     started: list[BrokerProcess] = []
 
-    def start(*, metrics: bool = False) -> BrokerProcess:
+    def start(*, metrics: bool = False, kafka: bool = False) -> BrokerProcess:
         n = len(started)
-        broker = BrokerProcess(tmp_path / f"data-{n}", tmp_path / f"broker-{n}.log", metrics=metrics)
+        broker = BrokerProcess(tmp_path / f"data-{n}", tmp_path / f"broker-{n}.log", metrics=metrics, kafka=kafka)
         started.append(broker)
         return broker.start()
 
