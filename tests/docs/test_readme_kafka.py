@@ -35,6 +35,9 @@ _ADDRESS = re.compile(r"\b(?:127\.0\.0\.1|localhost):\d+\b")
 def kafka_blocks() -> list[Block]:
     blocks = [b for b in parse_blocks(README) if b.section == KAFKA]
     if not blocks:
+        headings = [line.lstrip("#").strip() for line in README.read_text().splitlines() if line.startswith("#")]
+        near = [h for h in headings if "kafka" in h.lower() and "quickstart" in h.lower()]
+        assert not near, f"{README}: the Kafka quickstart is under {near}; these tests look for '{KAFKA}'"
         pytest.skip(f"{README} has no '{KAFKA}' section yet")
     return blocks
 
