@@ -300,7 +300,9 @@ class KafkaHandler:
                     "log_start_offset": result.log_start_offset,
                     "aborted_transactions": None,
                     "preferred_read_replica": -1,
-                    "records": result.records,
+                    # Empty, never null, on errors: as Kafka; librdkafka rejects a null
+                    # record set ("invalid MessageSetSize -1") and never sees the error.
+                    "records": result.records if result.records is not None else b"",
                 }
             )
         return self._response(
