@@ -13,7 +13,9 @@ Threads (as in Dory):
   PartitionKey: broker ``key % n`` in the ``--broker`` order, the next one up when it is down.
   AnyPartition: round robin over the brokers that are up.
 - **senders**: one per broker; each batch becomes one message pack (one queue item,
-  compressed per topic) sent with acknowledged ``produce``. A broker that cannot be reached
+  compressed per topic) sent with acknowledged ``produce``; the batches queued for a broker
+  (up to _PIPELINE_DEPTH, _PIPELINE_BYTES) go in one round trip, pipelined (Luxun's produce
+  takes one pack of one topic: there is no call to merge them into). A broker that cannot be reached
   is marked down for a back-off (doubling from ``retry_backoff_ms`` up to
   ``max_retry_backoff_ms``) and its batches go back to the router to be routed again; each
   batch counts its failed attempts and is discarded (``broker_failure``) after
@@ -61,10 +63,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from thriftpy2.thrift import TApplicationException
+from thriftpy2.transport import TTransportException
+
 from idl import luxun_thrift as T
 
 from ..connection import BrokerConnection
-from ..errors import BrokerError, BrokerUnavailableError, LuxunClientError, MessageSizeTooLargeError
+from ..errors import BrokerUnavailableError, LuxunClientError, MessageSizeTooLargeError, broker_error
 from ..messages import NO_COMPRESSION, snappy_available
 from ..pack import encode_pack_written
 from . import stats as S
@@ -92,6 +97,9 @@ _HANDOVER_MESSAGES = 512
 #: The datagram input hands its messages over once no datagram came for this long.
 _DGRAM_HANDOVER_S = 0.002
 _I32 = struct.Struct(">i").pack
+#: Batches a sender writes to its broker before reading the answers, at most (and bytes).
+_PIPELINE_DEPTH = 16
+_PIPELINE_BYTES = 4 * 1024 * 1024
 #: How often, at most, the router gives the allocator's free memory back (see _trim_if_buffered).
 _TRIM_INTERVAL_S = 1.0
 
@@ -275,17 +283,46 @@ def charge_of(f: Fields) -> int:
     return (28 if f[1] is None else 32) + len(f[0]) + len(f[3]) + len(f[4]) + MSG_OVERHEAD_BYTES
 
 
+class _Pipelined(BrokerConnection):
+    """A broker connection that sends several produce calls before reading their answers.
+
+    The Luxun API has no call that stores packs of several topics at once (``produce``
+    takes one item of one topic), so the batches queued for a broker go as a pipeline: all
+    their requests written on the connection, then the answers read in order (the broker
+    serves a connection's calls one after the other): one round trip for them all.
+    """
+
+    def produce_all(self, requests: list[Any]) -> tuple[list[Any], LuxunClientError | None]:
+        """The answers read, in order, and what stopped the pipeline (None: all answered).
+        Requests past the answers read may or may not have been carried out."""
+        answers: list[Any] = []
+        try:
+            client = self._connect()
+        except LuxunClientError as exc:
+            return answers, exc
+        try:
+            for request in requests:
+                client._send("produce", produceRequest=request)
+            for _ in requests:
+                answers.append(client._recv("produce"))
+        except (TTransportException, OSError, TApplicationException, EOFError) as exc:
+            self._drop()
+            return answers, BrokerUnavailableError(f"broker {self.where}, produce: {self._reason(exc, 'produce')}")
+        self._answered = True
+        return answers, None
+
+
 class _Sender(threading.Thread):
     def __init__(self, agent: Agent, index: int, address: str) -> None:
         super().__init__(name=f"luxun-agent-send-{address}", daemon=True)
         self.agent = agent
         self.index = index
         self.address = address
-        self.conn = BrokerConnection(address, timeout_ms=agent.config.broker_timeout_ms,
-                                     connect_timeout_ms=min(agent.config.broker_timeout_ms, 2_000))  # fmt: skip
+        self.conn = _Pipelined(address, timeout_ms=agent.config.broker_timeout_ms,
+                               connect_timeout_ms=min(agent.config.broker_timeout_ms, 2_000))  # fmt: skip
         self.cond = threading.Condition(threading.Lock())
         self.queue: deque[_Batch] = deque()
-        self.in_flight: _Batch | None = None
+        self.in_flight: list[_Batch] = []
         self.down_until = 0.0
         self.backoff_s = agent.config.retry_backoff_ms / 1000
         self.ok = 0
@@ -309,7 +346,12 @@ class _Sender(threading.Thread):
                     now = time.monotonic()
                     if self.queue and now >= self.down_until:
                         leftovers = None
-                        batch = self.in_flight = self.queue.popleft()
+                        batches = [self.queue.popleft()]
+                        size = batches[0].bytes
+                        while self.queue and len(batches) < _PIPELINE_DEPTH and size < _PIPELINE_BYTES:
+                            batches.append(self.queue.popleft())
+                            size += batches[-1].bytes
+                        self.in_flight = batches
                         break
                     if agent._senders_stop and not self.queue:
                         return
@@ -319,38 +361,45 @@ class _Sender(threading.Thread):
                     agent._settle(b, S.SHUTDOWN)
                 return
             try:
-                self._send(batch)
+                self._send(batches)
             finally:
-                self.in_flight = None
+                self.in_flight = []
 
-    def _send(self, batch: _Batch) -> None:
+    def _send(self, batches: list[_Batch]) -> None:
         agent = self.agent
-        item = agent._pack(batch)
-        try:
-            self.conn.checked("produce", T.ProduceRequest(item=item, topic=batch.topic))
-        except BrokerUnavailableError as exc:
-            self._failed(batch, exc, reroute=True)
-        except MessageSizeTooLargeError as exc:
-            agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {len(item)}-byte pack: {exc}")
-        except BrokerError as exc:
-            if exc.retriable:
-                self._failed(batch, exc, reroute=False)
+        items = [agent._pack(b) for b in batches]
+        answers, broken = self.conn.produce_all(
+            [T.ProduceRequest(item=item, topic=b.topic) for b, item in zip(batches, items, strict=True)])  # fmt: skip
+        agent.stats.incr("SendProduceRoundTrip")
+        retry: list[_Batch] = []
+        last_refusal: Exception | None = None
+        for batch, item, answer in zip(batches, items, answers, strict=False):
+            result = answer.result
+            if result.resultCode == T.ResultCode.SUCCESS:
+                self.ok += 1
+                self.backoff_s = agent.config.retry_backoff_ms / 1000
+                agent.stats.incr("SendProduceRequestOk")
+                agent._settle(batch, None)
+                continue
+            exc = broker_error(result.resultCode, result.errorCode, result.errorMessage)
+            if isinstance(exc, MessageSizeTooLargeError):
+                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {len(item)}-byte pack: {exc}")
+            elif exc.retriable:
+                retry.append(batch)
+                last_refusal = exc
             else:
                 agent._refused(batch, S.BROKER_FAILURE, f"broker {self.address} refused a pack: {exc}")
-        except LuxunClientError as exc:  # closed at shutdown
-            self._failed(batch, exc, reroute=True)
-        else:
-            self.ok += 1
-            self.backoff_s = agent.config.retry_backoff_ms / 1000
-            agent.stats.incr("SendProduceRequestOk")
-            agent._settle(batch, None)
+        if broken is not None:  # the unanswered ones go to the router again, with the queue
+            self._failed(retry + batches[len(answers) :], broken, reroute=True)
+        elif retry:
+            assert last_refusal is not None
+            self._failed(retry, last_refusal, reroute=False)
 
-    def _failed(self, batch: _Batch, exc: Exception, *, reroute: bool) -> None:
+    def _failed(self, batches: list[_Batch], exc: Exception, *, reroute: bool) -> None:
         agent = self.agent
         cfg = agent.config
         self.failed += 1
         agent.stats.incr("SendProduceRequestFail")
-        batch.attempts += 1
         agent._log_limited(f"down:{self.address}", f"broker {self.address}: {exc}; backing off {self.backoff_s:.1f} s")
         with self.cond:
             self.down_until = time.monotonic() + self.backoff_s
@@ -358,15 +407,19 @@ class _Sender(threading.Thread):
             moved = list(self.queue) if reroute else []
             if reroute:
                 self.queue.clear()
-        if batch.attempts >= cfg.max_failed_delivery_attempts:
-            agent._settle(batch, S.BROKER_FAILURE)
-        elif reroute:
-            moved.insert(0, batch)
-        else:
+        again: list[_Batch] = []
+        for batch in batches:
+            batch.attempts += 1
+            if batch.attempts >= cfg.max_failed_delivery_attempts:
+                agent._settle(batch, S.BROKER_FAILURE)
+            else:
+                again.append(batch)
+        if reroute:
+            if again or moved:
+                agent._reroute(again + moved)
+        elif again:
             with self.cond:
-                self.queue.appendleft(batch)
-        if moved:
-            agent._reroute(moved)
+                self.queue.extendleft(reversed(again))
 
 
 class Agent:
@@ -507,8 +560,8 @@ class Agent:
         self._router.join(2.0)
         for sender in self.senders:
             sender.join(max(0.5, min(2.0, self.config.broker_timeout_ms / 1000)))
-            if sender.in_flight is not None:
-                self._settle(sender.in_flight, S.SHUTDOWN)
+            for batch in list(sender.in_flight):
+                self._settle(batch, S.SHUTDOWN)
             sender.conn.close()
         self._metadata_event.set()
         os.close(self._wake_r)
@@ -918,8 +971,7 @@ class Agent:
                 for s in self.senders:
                     for b in list(s.queue):
                         add(b.topic, "send_wait", b.count)
-                    f = s.in_flight
-                    if f is not None:
+                    for f in list(s.in_flight):
                         add(f.topic, "ack_wait", f.count)
                 for b in list(self._reroutes):
                     add(b.topic, "send_wait", b.count)

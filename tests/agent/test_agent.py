@@ -280,6 +280,29 @@ def test_a_full_pool_discards_no_memory_and_counts_add_up(brokers: Any, agents: 
     assert a.stop() == 0
 
 
+def test_batches_queued_for_a_broker_go_in_one_round_trip(brokers: Any, agents: Agents) -> None:
+    """Luxun's produce takes one pack of one topic, so queued batches (here of 40 topics,
+    waiting for a broker that was down) are pipelined: all written, then all answers read."""
+    (b,) = brokers(1)
+    b.stop()
+    config = """<doryConfig><batching><namedConfigs><config name="c"><time value="500" /><messages value="5" />
+      <bytes value="disable" /></config></namedConfigs><defaultTopic action="perTopic" config="c" /></batching>
+      <msgDelivery><maxFailedDeliveryAttempts value="1000" /></msgDelivery></doryConfig>"""
+    a = agents([address(b)], config=config)
+    topics = [b"pipe%d" % i for i in range(40)]
+    dgram_send(a.dgram, [encode(t, b"%s-%d" % (t, i)) for i in range(5) for t in topics])
+    a.wait(lambda: sum(q["send_wait"] + q["ack_wait"] for q in a.get("/queues/json")["sending"]) == 200,
+           message="40 batches queued")  # fmt: skip
+    b.start()
+    a.wait(lambda: a.counters().get("MsgDelivered", 0) == 200, message="delivered")
+    c = a.counters()
+    assert c["SendProduceRequestOk"] == 40
+    assert c["SendProduceRoundTrip"] - c["SendProduceRequestFail"] <= 4, c  # 16 packs per round trip at most
+    for t in topics:
+        assert read_topic(b, t.decode()) == [b"%s-%d" % (t, i) for i in range(5)]
+    assert a.stop() == 0
+
+
 def _rss_mib(pid: int) -> dict[str, float]:
     """VmRSS (now) and VmHWM (peak) of a process, MiB."""
     out = {}
