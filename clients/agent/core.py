@@ -72,8 +72,10 @@ from ..connection import BrokerConnection
 from ..errors import BrokerUnavailableError, LuxunClientError, MessageSizeTooLargeError, broker_error
 from ..messages import NO_COMPRESSION, snappy_available
 from ..pack import encode_pack_written
+from . import discardlog as D
 from . import stats as S
 from .config import CODECS, AgentConfig, RateLimit
+from .discardlog import DiscardLog, values_of
 from .mmsg import batch_receiver
 from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_fields
 
@@ -99,6 +101,8 @@ _DGRAM_HANDOVER_S = 0.002
 _I32 = struct.Struct(">i").pack
 #: Batches a sender writes to its broker before reading the answers, at most (and bytes).
 _PIPELINE_DEPTH = 16
+#: The discard log's reason for a batch discarded after routing (see discardlog).
+_DISCARD_LOG_INFO = {S.BROKER_FAILURE: D.DELIVERY_ATTEMPT_LIMIT, S.SHUTDOWN: D.SHUTDOWN, S.TOO_LARGE: D.LONG_MSG}
 _PIPELINE_BYTES = 4 * 1024 * 1024
 #: How often, at most, the router gives the allocator's free memory back (see _trim_if_buffered).
 _TRIM_INTERVAL_S = 1.0
@@ -248,18 +252,26 @@ class _Intake:
             f = parse_fields(data)
         except Malformed:
             self.agent.stats.discard(S.MALFORMED, None, sample=data)
+            if self.agent.discard_log is not None:
+                self.agent.discard_log.write(D.MALFORMED, b"", None, b"", data)
             return
-        except UnsupportedApiKey:
+        except UnsupportedApiKey as exc:
             self.agent.stats.discard(S.UNSUPPORTED_API_KEY, None, sample=data)
+            if self.agent.discard_log is not None:
+                self.agent.discard_log.write(f"API_KEY({exc.api_key})", b"", None, b"", data)
             return
         except UnsupportedVersion as exc:
             self.agent.stats.discard(S.UNSUPPORTED_VERSION, None, sample=data, version=exc.version)
+            if self.agent.discard_log is not None:
+                self.agent.discard_log.write(f"VERSION({exc.version})", b"", None, b"", data)
             return
         charge = len(data) + MSG_OVERHEAD_BYTES
         if charge > self.credit:
             self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
             if charge > self.credit:
                 self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                if self.agent.discard_log is not None:
+                    self.agent.discard_log.write(D.NO_MEM, f[0], f[2], f[3], f[4])
                 return
         self.credit -= charge
         self.pending_charge += charge
@@ -383,12 +395,13 @@ class _Sender(threading.Thread):
                 continue
             exc = broker_error(result.resultCode, result.errorCode, result.errorMessage)
             if isinstance(exc, MessageSizeTooLargeError):
-                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {len(item)}-byte pack: {exc}")
+                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {len(item)}-byte pack: {exc}",
+                               D.LONG_MSG)  # fmt: skip
             elif exc.retriable:
                 retry.append(batch)
                 last_refusal = exc
             else:
-                agent._refused(batch, S.BROKER_FAILURE, f"broker {self.address} refused a pack: {exc}")
+                agent._refused(batch, S.BROKER_FAILURE, f"broker {self.address} refused a pack: {exc}", D.ERROR_ACK)
         if broken is not None:  # the unanswered ones go to the router again, with the queue
             self._failed(retry + batches[len(answers) :], broken, reroute=True)
         elif retry:
@@ -466,6 +479,7 @@ class Agent:
         self.keys_dropped = 0
         self.keys_dropped_bytes = 0
         self.handovers = 0  # chunks of messages the router took from the inputs
+        self.discard_log: DiscardLog | None = None
         self._log_times: dict[str, float] = {}
         self._log_lock = threading.Lock()
         self.tcp_port: int | None = None
@@ -478,6 +492,10 @@ class Agent:
             OSError: a socket cannot be bound (the message names the path or port).
         """
         cfg = self.config
+        if cfg.discard_log_path:
+            self.discard_log = DiscardLog(cfg.discard_log_path, cfg.discard_log_max_file_bytes,
+                                          cfg.discard_log_max_archive_bytes,
+                                          cfg.discard_log_max_prefix_bytes)  # fmt: skip
         try:
             if cfg.dgram_path:
                 s = self._unix_socket(cfg.dgram_path, socket.SOCK_DGRAM, cfg.dgram_mode)
@@ -501,6 +519,8 @@ class Agent:
                 self._spawn(self._accept_loop, "tcp-accept", s, TCP)
         except OSError:
             self._close_sockets()
+            if self.discard_log is not None:
+                self.discard_log.close()
             raise
         for sender in self.senders:
             sender.start()
@@ -566,6 +586,8 @@ class Agent:
         self._metadata_event.set()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        if self.discard_log is not None:
+            self.discard_log.close()
         return self.summary()
 
     def _close_sockets(self) -> None:
@@ -677,6 +699,9 @@ class Agent:
                 if not chunk:
                     if rest:
                         self.stats.unclean_disconnect(TRANSPORTS[transport], len(rest), f"{prefix}UncleanDisconnect")
+                        if self.discard_log is not None:
+                            info = "UNCLEAN_T" if transport == TCP else "UNCLEAN_U"
+                            self.discard_log.write(info, b"", None, b"", rest)
                     break
                 data = rest + chunk if rest else chunk
                 n = len(data)
@@ -686,10 +711,14 @@ class Agent:
                     if size < 4:
                         self.stats.incr(f"{prefix}InvalidSizeField")
                         self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 4])
+                        if self.discard_log is not None:
+                            self.discard_log.write(D.MALFORMED, b"", None, b"", data[pos:])
                         return
                     if size - 4 > limit:
                         self.stats.incr(f"{prefix}MsgBodyTooLarge")
                         self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 64])
+                        if self.discard_log is not None:
+                            self.discard_log.write(D.MALFORMED, b"", None, b"", data[pos:])
                         return
                     if n - pos < size:
                         break
@@ -768,6 +797,8 @@ class Agent:
             for f in chunk:
                 self.pool.free(charge_of(f))
                 self.stats.discard(S.SHUTDOWN, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                if self.discard_log is not None:
+                    self.discard_log.write(D.SHUTDOWN, f[0], f[2], f[3], f[4])
 
     def _topic_state(self, raw: bytes) -> _TopicState | None:
         """The router's view of a topic, or None for a bad topic (cached)."""
@@ -813,15 +844,21 @@ class Agent:
                 if st is None:
                     self.pool.free(charge_of(f))
                     stats.discard(S.BAD_TOPIC, None, sample=raw)
+                    if self.discard_log is not None:
+                        self.discard_log.write(D.BAD_TOPIC, raw, ts, key, value)
                     continue
             size = len(value) + 4
             if size > room:
                 self.pool.free(charge_of(f))
                 stats.discard(S.TOO_LARGE, st.name, sample=raw + b" " + value[:64], ts_min=ts, ts_max=ts)
+                if self.discard_log is not None:
+                    self.discard_log.write(D.LONG_MSG, raw, ts, key, value)
                 continue
             if st.limiter is not None and not st.limiter.allow(now):
                 self.pool.free(charge_of(f))
                 stats.discard(S.RATE_LIMITED, st.name, ts_min=ts, ts_max=ts)
+                if self.discard_log is not None:
+                    self.discard_log.write(D.RATE_LIMIT, raw, ts, key, value)
                 continue
             bkey = (st.name, -1 if pk is None else pk % n_senders)
             b = batches.get(bkey)
@@ -886,8 +923,9 @@ class Agent:
             return encode_pack_written(batch.count, batch.written)
         return packed
 
-    def _settle(self, batch: _Batch, reason: str | None) -> None:
-        """Delivered (``reason`` None) or discarded; once per batch."""
+    def _settle(self, batch: _Batch, reason: str | None, log_info: str | None = None) -> None:
+        """Delivered (``reason`` None) or discarded; once per batch. ``log_info``: the
+        discard log's reason when it is not the one that follows from ``reason``."""
         with self.stats.lock:
             if batch.settled:
                 return
@@ -895,13 +933,16 @@ class Agent:
         self.pool.free(batch.charge)
         if reason is None:
             self.stats.count_delivered(batch.topic, batch.count)
-        else:
-            self.stats.discard(reason, batch.topic, batch.count, ts_min=batch.min_ts, ts_max=batch.max_ts)
+            return
+        self.stats.discard(reason, batch.topic, batch.count, ts_min=batch.min_ts, ts_max=batch.max_ts)
+        if self.discard_log is not None:
+            info = log_info or _DISCARD_LOG_INFO.get(reason, D.DELIVERY_ATTEMPT_LIMIT)
+            self.discard_log.write_many(info, batch.topic, batch.min_ts, b"", values_of(batch.written))
 
-    def _refused(self, batch: _Batch, reason: str, detail: str) -> None:
+    def _refused(self, batch: _Batch, reason: str, detail: str, log_info: str) -> None:
         self._log_limited(f"refused:{batch.topic}", f"discarding {batch.count} messages of {batch.topic!r}: "
                           f"{detail}")  # fmt: skip
-        self._settle(batch, reason)
+        self._settle(batch, reason, log_info)
 
     def _log_limited(self, key: str, message: str, interval_s: float = 5.0) -> None:
         now = time.monotonic()
