@@ -36,6 +36,11 @@ lists them, not an object per message. Inputs wait while the messages queued for
 hold more than an eighth of the pool, and the router calls ``malloc_trim`` (at most once a
 second, after the pool held a quarter of its bytes) so that freed memory leaves the process.
 
+Delivery is at-least-once: a batch is settled by the broker's answer; when a connection
+breaks after the broker stored a pack but before its answer was read (with a pipeline, for
+every unanswered pack of it), the pack is sent again and stored twice. Luxun's produce has
+no producer id or sequence a broker could deduplicate by, so this is documented, not fixed.
+
 Counting: every message read is delivered or counted once as a discard; bytes left by a
 stream client that closed in the middle of a message are counted apart (unclean
 disconnects). At shutdown a batch still in a ``produce`` call when ``shutdownMaxDelay`` ran
