@@ -101,7 +101,8 @@ _TOPIC_CACHE_MAX = 10_000
 _CREDIT_BYTES = 64 * 1024
 #: Messages an input thread hands to the router at a time, at most.
 _HANDOVER_MESSAGES = 512
-#: The datagram input hands its messages over once no datagram came for this long.
+#: The datagram input hands its messages to the router this long after it first found its
+#: socket empty with messages read, at the latest.
 _DGRAM_HANDOVER_S = 0.002
 _I32 = struct.Struct(">i").pack
 #: Batches a sender writes to its broker before reading the answers, at most (and bytes).
@@ -648,6 +649,7 @@ class Agent:
         accept = intake.accept
         rx = batch_receiver(s, size) if os.environ.get("LUXUN_AGENT_RECVMMSG", "1") != "0" else None
         receive = rx.receive if rx is not None else (lambda: [s.recv(size)])
+        handover_at = 0.0  # when the messages read so far go to the router at the latest
         try:
             while not self._stopping:
                 try:
@@ -656,10 +658,17 @@ class Agent:
                     # Senders are held after net.unix.max_dgram_qlen datagrams, so the queue
                     # is empty every few messages: handing each few to the router would wake
                     # it (a context switch and a GIL hand-over) thousands of times a second.
-                    # Messages wait here until _DGRAM_HANDOVER_S passes with none arriving.
-                    ready = self._wait_readable(s, _DGRAM_HANDOVER_S) if intake.pending else None
+                    # Messages wait here at most _DGRAM_HANDOVER_S (or until 512 came).
+                    ready = None
+                    if intake.pending:
+                        now = time.monotonic()
+                        if not handover_at:
+                            handover_at = now + _DGRAM_HANDOVER_S
+                        if now < handover_at:
+                            ready = self._wait_readable(s, handover_at - now)
                     if ready is None:
                         intake.flush(idle=True)  # hand over what was read before sleeping
+                        handover_at = 0.0
                         ready = self._wait_readable(s)
                     if not ready:
                         break

@@ -453,6 +453,40 @@ def test_datagrams_reach_the_router_in_chunks_not_one_wake_up_per_few(brokers: A
     assert read_topic(b, "chunks") == [b"m%d" % i for i in range(n)]
 
 
+def test_a_steady_trickle_of_datagrams_is_handed_over_within_milliseconds(brokers: Any, agents: Agents) -> None:
+    """The reader keeps datagrams until 2 ms pass without one: a sender that never pauses
+    that long must not leave them with the reader until 512 have come (up to 0.25 s here)."""
+    import threading
+
+    (b,) = brokers(1)
+    a = agents([address(b)])
+    sent = [0]
+    stop = threading.Event()
+
+    def send() -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.connect(a.dgram)
+        while not stop.is_set() and sent[0] < 20_000:
+            s.send(encode(b"trickle", b"%d" % sent[0]))
+            sent[0] += 1
+            time.sleep(0.0005)
+        s.close()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    lags = []
+    try:
+        for _ in range(8):
+            time.sleep(0.13)
+            before = sent[0]
+            lags.append(before - a.counters()["UnixDgInputAgentForwardMsg"])
+    finally:
+        stop.set()
+        sender.join()
+    assert max(lags) < 200, f"datagrams sent but not yet routed, sampled: {lags}"
+    a.wait(lambda: a.counters().get("MsgDelivered", 0) == sent[0], message="delivered")
+
+
 def test_start_errors_are_one_line_exit_2_and_leave_nothing(tmp_path: Path) -> None:
     import subprocess
     import sys
