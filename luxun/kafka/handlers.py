@@ -19,6 +19,7 @@ connection's thread.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from ..logs import RateLimitedLog
 from ..metrics import Metrics
 from . import protocol as P
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
+from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
 
 __all__ = ["VERSIONS", "KafkaHandler"]
 
@@ -66,6 +68,7 @@ INVALID_REPLICATION_FACTOR: Final = 38
 CLUSTER_ID: Final = "luxun-" + uuid.uuid5(uuid.NAMESPACE_DNS, "luxun").hex[:16]
 #: Fetch waits at most this long whatever the client asks (Kafka clients ask 500 ms).
 MAX_FETCH_WAIT_S: Final = 30.0
+_I32: Final = struct.Struct(">i")
 
 
 class KafkaHandler:
@@ -125,7 +128,7 @@ class KafkaHandler:
             flexible = self._flexible[key] = bool(P.request_schema(api_key, version).__flexible__)
         return flexible
 
-    def handle_frame(self, frame: bytes, peer: Any) -> bytes | None:
+    def handle_frame(self, frame: bytes, peer: Any) -> bytes | list[Any] | None:
         """See :class:`~luxun.kafka.server.FrameHandler`."""
         header = P.parse_request_header(frame, self._is_flexible)
         key, version = header.api_key, header.api_version
@@ -147,7 +150,19 @@ class KafkaHandler:
             response = self.groups.handle(key, version, request, client_id=header.client_id, client_host=peer[0])
         if response is None:
             return None
+        if isinstance(response, (bytes, list)):  # laid out by hand (luxun.kafka.responses)
+            return self._frame(header, response)
         return P.encode_response(header, response)
+
+    def _frame(self, header: P.RequestHeader, body: bytes | list[Any]) -> bytes | list[Any]:
+        """A response frame around a body laid out by hand: bytes, or buffers to send in order."""
+        head = _I32.pack(header.correlation_id)
+        if self._is_flexible(header.api_key, header.api_version):
+            head += b"\0"  # response header v1: no tagged fields
+        if isinstance(body, bytes):
+            return _I32.pack(len(head) + len(body)) + head + body
+        size = len(head) + sum(len(b) for b in body)
+        return [_I32.pack(size) + head, *body]
 
     def _response(self, header: P.RequestHeader, **values: Any) -> Any:
         return P.build(P.response_schema(header.api_key, header.api_version), **values)
@@ -232,15 +247,12 @@ class KafkaHandler:
     def produce(self, request: Any, header: P.RequestHeader) -> Any:
         if request.transactional_id is not None:
             err = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-            responses = [
-                {
-                    "name": t.name,
-                    "partition_responses": [{"index": p.index, "error_code": err} for p in t.partition_data],
-                }
+            refused = [
+                (t.name, [ProducePartition(p.index, err, -1, -1, -1, None) for p in t.partition_data])
                 for t in request.topic_data
             ]
             self.metrics.count_kafka_error(err)
-            return None if request.acks == 0 else self._response(header, responses=responses)
+            return None if request.acks == 0 else produce_response(header.api_version, refused)
         responses = []
         for t in request.topic_data:
             parts = []
@@ -257,19 +269,19 @@ class KafkaHandler:
                             result.message,
                         )
                 parts.append(
-                    {
-                        "index": p.index,
-                        "error_code": result.error,
-                        "base_offset": result.base_offset,
-                        "log_append_time": None if result.log_append_time < 0 else result.log_append_time,
-                        "log_start_offset": result.log_start_offset,
-                        "error_message": result.message,
-                    }
+                    ProducePartition(
+                        p.index,
+                        result.error,
+                        result.base_offset,
+                        result.log_append_time,
+                        result.log_start_offset,
+                        result.message,
+                    )
                 )
-            responses.append({"name": t.name, "partition_responses": parts})
+            responses.append((t.name, parts))
         if request.acks == 0:
             return None
-        return self._response(header, responses=responses)
+        return produce_response(header.api_version, responses)
 
     # -- Fetch -------------------------------------------------------------------------
     def fetch(self, request: Any, header: P.RequestHeader) -> Any:
@@ -287,30 +299,23 @@ class KafkaHandler:
                 return self._fetched_bytes(results) >= min_bytes or self._has_error(results)
 
             self.log.wait([(topic, p.partition) for topic, p in wanted], until, enough)
-        responses: dict[str, list[dict[str, Any]]] = {}
+        responses: dict[str, list[FetchPartition]] = {}
         for (topic, p), result in zip(wanted, results, strict=True):
             if result.error != NONE:
                 self.metrics.count_kafka_error(result.error)
             responses.setdefault(topic, []).append(
-                {
-                    "partition_index": p.partition,
-                    "error_code": result.error,
-                    "high_watermark": result.high_watermark,
-                    "last_stable_offset": result.high_watermark,
-                    "log_start_offset": result.log_start_offset,
-                    "aborted_transactions": None,
-                    "preferred_read_replica": -1,
+                FetchPartition(
+                    p.partition,
+                    result.error,
+                    result.high_watermark,
+                    result.high_watermark,
+                    result.log_start_offset,
                     # Empty, never null, on errors: as Kafka; librdkafka rejects a null
                     # record set ("invalid MessageSetSize -1") and never sees the error.
-                    "records": result.records if result.records is not None else b"",
-                }
+                    result.records if result.records is not None else b"",
+                )
             )
-        return self._response(
-            header,
-            error_code=NONE,
-            session_id=0,
-            responses=[{"topic": topic, "partitions": parts} for topic, parts in responses.items()],
-        )
+        return fetch_response(header.api_version, list(responses.items()))
 
     def _fetch_once(self, wanted: list[tuple[str, Any]], max_bytes: int) -> list[Any]:
         results = []

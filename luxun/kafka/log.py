@@ -119,7 +119,7 @@ class FetchResult:
     error: int = NONE
     high_watermark: int = -1
     log_start_offset: int = -1
-    records: bytes | None = None
+    records: bytes | bytearray | None = None
 
 
 def legal_topic_name(name: str) -> str | None:
@@ -325,7 +325,10 @@ class KafkaLog:
         now = int(time.time() * 1000)
         items = [rec.with_log_append_time(b.data, now) if log_append else b.data for b in batches]
         counts = [b.record_count for b in batches]
-        first = array.append_many(items, counts, KIND_KAFKA_BATCH)
+        if len(items) == 1:  # one batch per partition, as clients send: no numpy on the way
+            first = array.append(items[0], counts[0], KIND_KAFKA_BATCH)
+        else:
+            first = array.append_many(items, counts, KIND_KAFKA_BATCH)
         base = array.first_offset(first)
         offset = base
         for b in batches:
@@ -432,7 +435,9 @@ class KafkaLog:
         return FetchResult(high_watermark=end, log_start_offset=start, records=out)
 
     @staticmethod
-    def _as_batches(array: Any, index: int, first: int, lengths: Any, blob: bytes, ends: Any, kinds: Any) -> bytes:
+    def _as_batches(
+        array: Any, index: int, first: int, lengths: Any, blob: bytes, ends: Any, kinds: Any
+    ) -> bytes | bytearray:
         count = len(lengths)
         if count and not (kinds != KIND_KAFKA_BATCH).any():
             out = bytearray(blob)
@@ -442,7 +447,7 @@ class KafkaLog:
                 _I64.pack_into(out, pos, base)
                 pos += int(lengths[i])
                 base = int(ends[i])
-            return bytes(out)
+            return out  # sent as it is: no copy into bytes
         # Mixed: Thrift-written items become batches of their own records.
         parts: list[bytes] = []
         pos = 0

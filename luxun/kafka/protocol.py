@@ -163,8 +163,16 @@ def encode_response(header: RequestHeader, response: Any) -> bytes:
     return out.getvalue()
 
 
+_response_schemas: dict[tuple[int, int], Any] = {}
+
+
 def response_schema(api_key: int, version: int) -> Any:
-    return load_response_schema(api_key, version)
+    """kio's response class for ``api_key`` at ``version`` (cached: kio resolves it by
+    importing its module by name on every call)."""
+    schema = _response_schemas.get((api_key, version))
+    if schema is None:
+        schema = _response_schemas[api_key, version] = load_response_schema(api_key, version)
+    return schema
 
 
 # -- building entities from plain values ------------------------------------------------

@@ -37,8 +37,9 @@ _CHUNK = 1 << 20
 
 
 class FrameHandler(Protocol):
-    def handle_frame(self, frame: bytes, peer: Any) -> bytes | None:
-        """Answer one request frame (size prefix excluded); None: no response (acks=0).
+    def handle_frame(self, frame: bytes, peer: Any) -> bytes | list[Any] | None:
+        """Answer one request frame (size prefix excluded): the response frame (size
+        included), as bytes or as buffers to send in order; None: no response (acks=0).
 
         Raises:
             ValueError: the request cannot be parsed; the connection is closed.
@@ -133,4 +134,23 @@ class KafkaServer(TcpServer):
                 self._budget.give(held[0])
                 held[0] = 0
             if out is not None:
-                sock.sendall(out)
+                _send(sock, out)
+
+
+def _send(sock: socket.socket, out: bytes | list[Any]) -> None:
+    """Send a response frame: bytes, or buffers with scatter/gather writes (no joined
+    copy of a fetch's record batches)."""
+    if isinstance(out, bytes):
+        sock.sendall(out)
+        return
+    if sum(len(b) for b in out) < 65536:
+        sock.sendall(b"".join(out))
+        return
+    views = [memoryview(b).cast("B") for b in out]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
