@@ -63,7 +63,7 @@ class BatchReceiver:
             self._msgs[i].msg_hdr.msg_iovlen = 1
         self._lens = memoryview(self._raw).cast("I")
         stride = ctypes.sizeof(_MMsgHdr) // 4
-        at = _MMsgHdr.msg_len.offset // 4  # type: ignore[attr-defined]
+        at = _MMsgHdr.msg_len.offset // 4
         #: per slot: where its datagram starts in _buf, where its length is in _lens
         self._slots = tuple((i * size, i * stride + at) for i in range(count))
         self._call = libc.recvmmsg
