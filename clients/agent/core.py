@@ -33,7 +33,7 @@ what it holds there (its value, 4 bytes, 1/8 for the buffer's growth and 16) unt
 batch is delivered or discarded; a message that does not fit is discarded (``no_memory``),
 so the buffered data is bounded. A batch is one ``bytearray`` of the values as the pack
 lists them, not an object per message. Inputs wait while the messages queued for the router
-hold more than an eighth of the pool, and the router calls ``malloc_trim`` (at most once a
+hold more than an eighth of the pool or _TRANSIT_MAX_BYTES, and the router calls ``malloc_trim`` (at most once a
 second, after the pool held a quarter of its bytes) so that freed memory leaves the process.
 
 Delivery is at-least-once: a batch is settled by the broker's answer; when a connection
@@ -105,6 +105,8 @@ _HANDOVER_MESSAGES = 512
 #: socket empty with messages read, at the latest.
 _DGRAM_HANDOVER_S = 0.002
 _I32 = struct.Struct(">i").pack
+#: Pool bytes of the messages queued for the router at most (and 1/8 of the pool).
+_TRANSIT_MAX_BYTES = 4 * 1024 * 1024
 #: Batches a sender writes to its broker before reading the answers, at most (and bytes).
 _PIPELINE_DEPTH = 16
 #: The discard log's reason for a batch discarded after routing (see discardlog).
@@ -621,14 +623,15 @@ class Agent:
 
     def _push(self, transport: int, chunk: list[Fields], charge: int) -> None:
         """Queue a chunk for the router; while the messages waiting for it hold more than
-        an eighth of the pool, wait (the router is behind: reading on would only pile up
-        per-message objects, whose memory Python's allocator keeps after they are freed)."""
+        an eighth of the pool or _TRANSIT_MAX_BYTES, wait (the router is behind: reading on
+        would only pile up per-message objects, whose memory Python's allocator keeps after
+        they are freed; they take about twice their charge in RSS)."""
         with self._transit_lock:
             self._transit += charge
             self._inq.append((transport, chunk, charge))
         if not self._wake_router.is_set():
             self._wake_router.set()
-        limit = self.pool.capacity // 8
+        limit = min(self.pool.capacity // 8, _TRANSIT_MAX_BYTES)
         while self._transit > limit and not self._stopping and not self._abandon:
             time.sleep(0.0005)
 
