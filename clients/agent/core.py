@@ -65,7 +65,7 @@ import threading
 import time
 import unicodedata
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from thriftpy2.thrift import TApplicationException
@@ -111,7 +111,7 @@ _TRANSIT_MAX_BYTES = 4 * 1024 * 1024
 _PIPELINE_DEPTH = 16
 #: The discard log's reason for a batch discarded after routing (see discardlog).
 _DISCARD_LOG_INFO = {S.BROKER_FAILURE: D.DELIVERY_ATTEMPT_LIMIT, S.SHUTDOWN: D.SHUTDOWN, S.TOO_LARGE: D.LONG_MSG}
-_PIPELINE_BYTES = 4 * 1024 * 1024
+_PIPELINE_BYTES = 1024 * 1024
 #: How often, at most, the router gives the allocator's free memory back (see _trim_if_buffered).
 _TRIM_INTERVAL_S = 1.0
 
@@ -312,9 +312,10 @@ class _Pipelined(BrokerConnection):
     serves a connection's calls one after the other): one round trip for them all.
     """
 
-    def produce_all(self, requests: list[Any]) -> tuple[list[Any], LuxunClientError | None]:
-        """The answers read, in order, and what stopped the pipeline (None: all answered).
-        Requests past the answers read may or may not have been carried out."""
+    def produce_all(self, requests: Iterator[Any], n: int) -> tuple[list[Any], LuxunClientError | None]:
+        """Send the ``n`` requests (made one at a time, so that one pack at a time is in
+        memory); return the answers read, in order, and what stopped the pipeline (None:
+        all answered). Requests past the answers read may or may not have been carried out."""
         answers: list[Any] = []
         try:
             client = self._connect()
@@ -323,7 +324,7 @@ class _Pipelined(BrokerConnection):
         try:
             for request in requests:
                 client._send("produce", produceRequest=request)
-            for _ in requests:
+            for _ in range(n):
                 answers.append(client._recv("produce"))
         except (TTransportException, OSError, TApplicationException, EOFError) as exc:
             self._drop()
@@ -387,13 +388,19 @@ class _Sender(threading.Thread):
 
     def _send(self, batches: list[_Batch]) -> None:
         agent = self.agent
-        items = [agent._pack(b) for b in batches]
-        answers, broken = self.conn.produce_all(
-            [T.ProduceRequest(item=item, topic=b.topic) for b, item in zip(batches, items, strict=True)])  # fmt: skip
+        sizes: list[int] = []
+
+        def requests() -> Iterator[Any]:
+            for b in batches:
+                item = agent._pack(b)
+                sizes.append(len(item))
+                yield T.ProduceRequest(item=item, topic=b.topic)
+
+        answers, broken = self.conn.produce_all(requests(), len(batches))
         agent.stats.incr("SendProduceRoundTrip")
         retry: list[_Batch] = []
         last_refusal: Exception | None = None
-        for batch, item, answer in zip(batches, items, answers, strict=False):
+        for batch, size, answer in zip(batches, sizes, answers, strict=False):
             result = answer.result
             if result.resultCode == T.ResultCode.SUCCESS:
                 self.ok += 1
@@ -403,7 +410,7 @@ class _Sender(threading.Thread):
                 continue
             exc = broker_error(result.resultCode, result.errorCode, result.errorMessage)
             if isinstance(exc, MessageSizeTooLargeError):
-                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {len(item)}-byte pack: {exc}",
+                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {size}-byte pack: {exc}",
                                D.LONG_MSG)  # fmt: skip
             elif exc.retriable:
                 retry.append(batch)
