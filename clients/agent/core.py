@@ -15,8 +15,8 @@ Threads (as in Dory):
 - **senders**: one per broker; each batch becomes one message pack (one queue item,
   compressed per topic) sent with acknowledged ``produce``; the batches queued for a broker
   (up to _PIPELINE_DEPTH, _PIPELINE_BYTES) go in one round trip, pipelined (Luxun's produce
-  takes one pack of one topic: there is no call to merge them into). A broker that cannot be reached
-  is marked down for a back-off (doubling from ``retry_backoff_ms`` up to
+  takes one pack of one topic: there is no call to merge them into). A broker that cannot
+  be reached is marked down for a back-off (doubling from ``retry_backoff_ms`` up to
   ``max_retry_backoff_ms``) and its batches go back to the router to be routed again; each
   batch counts its failed attempts and is discarded (``broker_failure``) after
   ``maxFailedDeliveryAttempts``. A refusal by the broker that trying again may cure (TRY_LATER)
@@ -33,8 +33,9 @@ what it holds there (its value, 4 bytes, 1/8 for the buffer's growth and 16) unt
 batch is delivered or discarded; a message that does not fit is discarded (``no_memory``),
 so the buffered data is bounded. A batch is one ``bytearray`` of the values as the pack
 lists them, not an object per message. Inputs wait while the messages queued for the router
-hold more than an eighth of the pool or _TRANSIT_MAX_BYTES, and the router calls ``malloc_trim`` (at most once a
-second, after the pool held a quarter of its bytes) so that freed memory leaves the process.
+hold more than an eighth of the pool or _TRANSIT_MAX_BYTES, and the router calls
+``malloc_trim`` (at most once a second, after the pool held a quarter of its bytes) so that
+freed memory leaves the process.
 
 Delivery is at-least-once: a batch is settled by the broker's answer; when a connection
 breaks after the broker stored a pack but before its answer was read (with a pipeline, for
@@ -109,9 +110,9 @@ _I32 = struct.Struct(">i").pack
 _TRANSIT_MAX_BYTES = 4 * 1024 * 1024
 #: Batches a sender writes to its broker before reading the answers, at most (and bytes).
 _PIPELINE_DEPTH = 16
+_PIPELINE_BYTES = 1024 * 1024
 #: The discard log's reason for a batch discarded after routing (see discardlog).
 _DISCARD_LOG_INFO = {S.BROKER_FAILURE: D.DELIVERY_ATTEMPT_LIMIT, S.SHUTDOWN: D.SHUTDOWN, S.TOO_LARGE: D.LONG_MSG}
-_PIPELINE_BYTES = 1024 * 1024
 #: How often, at most, the router gives the allocator's free memory back (see _trim_if_buffered).
 _TRIM_INTERVAL_S = 1.0
 
