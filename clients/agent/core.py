@@ -15,8 +15,8 @@ Threads (as in Dory):
 - **senders**: one per broker; each batch becomes one message pack (one queue item,
   compressed per topic) sent with acknowledged ``produce``; the batches queued for a broker
   (up to _PIPELINE_DEPTH, _PIPELINE_BYTES) go in one round trip, pipelined (Luxun's produce
-  takes one pack of one topic: there is no call to merge them into). A broker that cannot be reached
-  is marked down for a back-off (doubling from ``retry_backoff_ms`` up to
+  takes one pack of one topic: there is no call to merge them into). A broker that cannot
+  be reached is marked down for a back-off (doubling from ``retry_backoff_ms`` up to
   ``max_retry_backoff_ms``) and its batches go back to the router to be routed again; each
   batch counts its failed attempts and is discarded (``broker_failure``) after
   ``maxFailedDeliveryAttempts``. A refusal by the broker that trying again may cure (TRY_LATER)
@@ -33,8 +33,9 @@ what it holds there (its value, 4 bytes, 1/8 for the buffer's growth and 16) unt
 batch is delivered or discarded; a message that does not fit is discarded (``no_memory``),
 so the buffered data is bounded. A batch is one ``bytearray`` of the values as the pack
 lists them, not an object per message. Inputs wait while the messages queued for the router
-hold more than an eighth of the pool, and the router calls ``malloc_trim`` (at most once a
-second, after the pool held a quarter of its bytes) so that freed memory leaves the process.
+hold more than an eighth of the pool or _TRANSIT_MAX_BYTES, and the router calls
+``malloc_trim`` (at most once a second, after the pool held a quarter of its bytes) so that
+freed memory leaves the process.
 
 Delivery is at-least-once: a batch is settled by the broker's answer; when a connection
 breaks after the broker stored a pack but before its answer was read (with a pipeline, for
@@ -65,7 +66,7 @@ import threading
 import time
 import unicodedata
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from thriftpy2.thrift import TApplicationException
@@ -105,11 +106,13 @@ _HANDOVER_MESSAGES = 512
 #: socket empty with messages read, at the latest.
 _DGRAM_HANDOVER_S = 0.002
 _I32 = struct.Struct(">i").pack
+#: Pool bytes of the messages queued for the router at most (and 1/8 of the pool).
+_TRANSIT_MAX_BYTES = 4 * 1024 * 1024
 #: Batches a sender writes to its broker before reading the answers, at most (and bytes).
 _PIPELINE_DEPTH = 16
+_PIPELINE_BYTES = 1024 * 1024
 #: The discard log's reason for a batch discarded after routing (see discardlog).
 _DISCARD_LOG_INFO = {S.BROKER_FAILURE: D.DELIVERY_ATTEMPT_LIMIT, S.SHUTDOWN: D.SHUTDOWN, S.TOO_LARGE: D.LONG_MSG}
-_PIPELINE_BYTES = 4 * 1024 * 1024
 #: How often, at most, the router gives the allocator's free memory back (see _trim_if_buffered).
 _TRIM_INTERVAL_S = 1.0
 
@@ -310,9 +313,10 @@ class _Pipelined(BrokerConnection):
     serves a connection's calls one after the other): one round trip for them all.
     """
 
-    def produce_all(self, requests: list[Any]) -> tuple[list[Any], LuxunClientError | None]:
-        """The answers read, in order, and what stopped the pipeline (None: all answered).
-        Requests past the answers read may or may not have been carried out."""
+    def produce_all(self, requests: Iterator[Any], n: int) -> tuple[list[Any], LuxunClientError | None]:
+        """Send the ``n`` requests (made one at a time, so that one pack at a time is in
+        memory); return the answers read, in order, and what stopped the pipeline (None:
+        all answered). Requests past the answers read may or may not have been carried out."""
         answers: list[Any] = []
         try:
             client = self._connect()
@@ -321,7 +325,7 @@ class _Pipelined(BrokerConnection):
         try:
             for request in requests:
                 client._send("produce", produceRequest=request)
-            for _ in requests:
+            for _ in range(n):
                 answers.append(client._recv("produce"))
         except (TTransportException, OSError, TApplicationException, EOFError) as exc:
             self._drop()
@@ -385,13 +389,19 @@ class _Sender(threading.Thread):
 
     def _send(self, batches: list[_Batch]) -> None:
         agent = self.agent
-        items = [agent._pack(b) for b in batches]
-        answers, broken = self.conn.produce_all(
-            [T.ProduceRequest(item=item, topic=b.topic) for b, item in zip(batches, items, strict=True)])  # fmt: skip
+        sizes: list[int] = []
+
+        def requests() -> Iterator[Any]:
+            for b in batches:
+                item = agent._pack(b)
+                sizes.append(len(item))
+                yield T.ProduceRequest(item=item, topic=b.topic)
+
+        answers, broken = self.conn.produce_all(requests(), len(batches))
         agent.stats.incr("SendProduceRoundTrip")
         retry: list[_Batch] = []
         last_refusal: Exception | None = None
-        for batch, item, answer in zip(batches, items, answers, strict=False):
+        for batch, size, answer in zip(batches, sizes, answers, strict=False):
             result = answer.result
             if result.resultCode == T.ResultCode.SUCCESS:
                 self.ok += 1
@@ -401,7 +411,7 @@ class _Sender(threading.Thread):
                 continue
             exc = broker_error(result.resultCode, result.errorCode, result.errorMessage)
             if isinstance(exc, MessageSizeTooLargeError):
-                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {len(item)}-byte pack: {exc}",
+                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {size}-byte pack: {exc}",
                                D.LONG_MSG)  # fmt: skip
             elif exc.retriable:
                 retry.append(batch)
@@ -621,14 +631,15 @@ class Agent:
 
     def _push(self, transport: int, chunk: list[Fields], charge: int) -> None:
         """Queue a chunk for the router; while the messages waiting for it hold more than
-        an eighth of the pool, wait (the router is behind: reading on would only pile up
-        per-message objects, whose memory Python's allocator keeps after they are freed)."""
+        an eighth of the pool or _TRANSIT_MAX_BYTES, wait (the router is behind: reading on
+        would only pile up per-message objects, whose memory Python's allocator keeps after
+        they are freed; they take about twice their charge in RSS)."""
         with self._transit_lock:
             self._transit += charge
             self._inq.append((transport, chunk, charge))
         if not self._wake_router.is_set():
             self._wake_router.set()
-        limit = self.pool.capacity // 8
+        limit = min(self.pool.capacity // 8, _TRANSIT_MAX_BYTES)
         while self._transit > limit and not self._stopping and not self._abandon:
             time.sleep(0.0005)
 
