@@ -9,8 +9,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -31,15 +29,6 @@ pytestmark = pytest.mark.timeout(120)
 CORRUPT_MESSAGE = 2
 MESSAGE_TOO_LARGE = 10
 MiB = 1 << 20
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def _header(api_key: int, version: int, client_id: bytes = b"bad") -> bytes:

@@ -7,8 +7,6 @@ and the broker tests of that view.)"""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,15 +16,6 @@ from tests._broker import BrokerProcess
 from ._kafka import read_partition
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def _kafka_batch(bootstrap: str, topic: str, values: list[bytes]) -> list[int]:

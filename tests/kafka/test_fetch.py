@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -16,15 +14,6 @@ from tests._broker import BrokerProcess
 from ._kafka import read_partition
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -> None:

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,15 +110,6 @@ def wait_for(condition: object, timeout_s: float, what: str, broker: BrokerProce
             pytest.fail(f"{what}: not within {timeout_s} s\n{broker.log()[-4000:]}")
         time.sleep(0.05)
     return time.monotonic() - t0
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def create_topic(broker: BrokerProcess, topic: str, partitions: int) -> None:

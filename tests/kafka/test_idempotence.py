@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,15 +26,6 @@ from ._kafka import (
 pytestmark = pytest.mark.timeout(90)
 
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def test_confluent_idempotent_producer_delivers_exactly_once(broker: BrokerProcess) -> None:

@@ -4,7 +4,6 @@ Metadata, and num.partitions for topics a client creates by using them."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,6 @@ from tests._broker import BrokerProcess
 from ._kafka import read_partition
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def test_four_partitions_keyed_produce_and_assign(broker: BrokerProcess) -> None:

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests._broker import BrokerProcess
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def test_kafka_python_round_trip_keeps_keys_headers_and_offsets(broker: BrokerProcess) -> None:
