@@ -64,7 +64,7 @@ try:  # the fast reader/writer; thriftpy2 wheels for CPython always ship it
 except ImportError:  # pragma: no cover - pure-Python thriftpy2 builds
     _HAVE_CYTHON = False
 
-__all__ = ["MAGIC", "decode_pack", "encode_pack", "pack_codec"]
+__all__ = ["MAGIC", "decode_pack", "encode_pack", "encode_pack_written", "pack_codec"]
 
 #: The only pack format version there is.
 MAGIC: Final = 1
@@ -93,7 +93,17 @@ def encode_pack(messages: Sequence[bytes], codec: int = NO_COMPRESSION) -> bytes
     anything else is a ``TypeError``). The crc32 field is always filled in.
     Raises :class:`PackError` for an unknown codec or snappy when it is not installed.
     """
-    payload = _write_message_list(messages)
+    return _pack_payload(_write_message_list(messages), codec)
+
+
+def encode_pack_written(count: int, written: bytes | bytearray, codec: int = NO_COMPRESSION) -> bytes:
+    """:func:`encode_pack` of ``count`` messages already written one after the other as
+    ``written``, each as its i32 big-endian length then its bytes (what a batcher can build
+    up in one ``bytearray`` instead of keeping an object per message)."""
+    return _pack_payload(b"".join((_LIST_HEAD, _I32.pack(count), written, b"\x00")), codec)
+
+
+def _pack_payload(payload: bytes, codec: int) -> bytes:
     if codec != NO_COMPRESSION:
         payload = compress(payload, codec)
     crc = _signed_crc32(payload)

@@ -20,7 +20,9 @@ and Dory's C library write) with plain ``socket`` calls, as fast as they can, fo
 - **end to end**: messages / s from the first send to the moment the agent's
   ``MsgDelivered`` counter (acknowledged by the broker) covers every message sent
   (bounded by ``--drain-seconds``);
-- **agent CPU**: the agent's CPU time (user + system) per message sent;
+- **agent CPU**: the agent's CPU time (user + system) per message sent, its system part,
+  and the context switches of all its threads per 1000 messages (a datagram input's cost
+  is mostly the kernel's: senders held after ``max_dgram_qlen`` datagrams and woken);
 - **agent RSS**: the agent's peak resident set during the run (sampled every 50 ms)
   against its pool (``--max-buffer``): "bounded" means peak <= idle RSS + pool + 5 %.
 

@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a Dory XML config file (doryConfig); options given here override it")
     p.add_argument("--status-port", type=int, help="status HTTP port on 127.0.0.1 (default 9090; 0: off)")
     p.add_argument("--max-buffer", help="memory pool size, e.g. 128m (Dory's maxBuffer)")
+    p.add_argument("--discard-log", help="a file with one line per discarded message (Dory's discardLogging path)")
     p.add_argument("--shutdown-max-delay-ms", type=int, help="delivery time allowed at SIGTERM (default 30000)")
     p.add_argument("--log-level", default="INFO", help=f"{', '.join(_LEVELS)} (default INFO)")
 
@@ -82,6 +83,8 @@ def build_config(args: argparse.Namespace) -> AgentConfig:
         changes["status_port"] = args.status_port
     if args.max_buffer is not None:
         changes["max_buffer_bytes"] = parse_size(args.max_buffer, "--max-buffer")
+    if getattr(args, "discard_log", None) is not None:
+        changes["discard_log_path"] = args.discard_log
     if args.shutdown_max_delay_ms is not None:
         changes["shutdown_max_delay_ms"] = args.shutdown_max_delay_ms
     cfg = cfg.with_(**changes)

@@ -22,6 +22,8 @@ What a Dory config sets here (names as in Dory's ``detailed_config.md``):
 - ``msgDelivery``: ``topicAutocreate``, ``maxFailedDeliveryAttempts``, ``shutdownMaxDelay``,
   ``kafkaSocketTimeout`` (the broker call timeout), ``metadataRefreshInterval`` (how often
   the topic list is read when ``topicAutocreate`` is off);
+- ``discardLogging`` (``enable``, ``path``, ``maxFileSize``, ``maxArchiveSize``,
+  ``maxMsgPrefixSize``): see :mod:`clients.agent.discardlog`;
 - ``httpInterface``: ``port``, ``discardReportInterval``, ``badMsgPrefixSize``
   (``loopbackOnly`` false is reported: this agent always listens on 127.0.0.1);
 - ``initialBrokers``: the brokers when no ``--broker`` is given.
@@ -117,6 +119,12 @@ class AgentConfig:
     broker_timeout_ms: int = 10_000
     discard_report_interval_s: int = 600
     bad_msg_prefix_bytes: int = 256
+    #: Dory's discardLogging: a file with one line per discarded message (None: off).
+    discard_log_path: str | None = None
+    discard_log_max_file_bytes: int = 32 * 1024 * 1024
+    discard_log_max_archive_bytes: int = 256 * 1024 * 1024
+    #: Bytes of a key and a value written to the discard log (None: unlimited).
+    discard_log_max_prefix_bytes: int | None = 2 * 1024
     #: Settings read from a Dory config and not used, as "element: why".
     ignored: tuple[str, ...] = ()
 
@@ -210,7 +218,6 @@ _KAFKA_ONLY = {
     "msgDelivery/minPauseDelay": "Kafka metadata only",
     "kafkaConfig": "Kafka protocol settings",
     "msgDebug": "not implemented",
-    "discardLogging": "not implemented (discards are in /discards and the log)",
     "logging": "the agent logs to stderr (--log-level)",
 }
 
@@ -281,7 +288,8 @@ def load_dory_config(path: str | Path, base: AgentConfig | None = None) -> Agent
             w = f"{where}: compression config {c.get('name')!r}"
             ctype = (c.get("type") or "none").lower()
             if ctype not in CODECS:
-                raise AgentConfigError(f"{w}: type {ctype!r} is not none, gzip or snappy")
+                why = " (a Luxun pack cannot carry lz4: its codecs are none, gzip, snappy)" if ctype == "lz4" else ""
+                raise AgentConfigError(f"{w}: type {ctype!r} is not none, gzip or snappy{why}")
             if c.get("level") is not None:
                 ignored.append(f"compression/{c.get('name')}/level: gzip packs use level 6")
             cnamed[c.get("name", "")] = Compression(ctype, parse_size(c.get("minSize") or "0", w))
@@ -380,6 +388,22 @@ def load_dory_config(path: str | Path, base: AgentConfig | None = None) -> Agent
         v = _value(hi.find("badMsgPrefixSize"), f"{where}: badMsgPrefixSize")
         if v is not None:
             changes["bad_msg_prefix_bytes"] = parse_size(v, f"{where}: badMsgPrefixSize")
+
+    dl = root.find("discardLogging")
+    if dl is not None and _bool(dl.get("enable"), f"{where}: discardLogging enable"):
+        w = f"{where}: discardLogging"
+        v = _value(dl.find("path"), f"{w}/path")
+        if v:  # unspecified: off, as in Dory
+            changes["discard_log_path"] = v
+        for tag, name in (("maxFileSize", "discard_log_max_file_bytes"),
+                          ("maxArchiveSize", "discard_log_max_archive_bytes")):  # fmt: skip
+            v = _value(dl.find(tag), f"{w}/{tag}")
+            if v is not None:
+                changes[name] = parse_size(v, f"{w}/{tag}")
+        v = _value(dl.find("maxMsgPrefixSize"), f"{w}/maxMsgPrefixSize")
+        if v is not None:
+            unlimited = v.strip().lower() == "unlimited"
+            changes["discard_log_max_prefix_bytes"] = None if unlimited else parse_size(v, f"{w}/maxMsgPrefixSize")
 
     brokers = [f"{b.get('host')}:{b.get('port') or 9092}" for b in root.findall("initialBrokers/broker")]
     if brokers and not cfg.brokers:

@@ -13,8 +13,10 @@ Threads (as in Dory):
   PartitionKey: broker ``key % n`` in the ``--broker`` order, the next one up when it is down.
   AnyPartition: round robin over the brokers that are up.
 - **senders**: one per broker; each batch becomes one message pack (one queue item,
-  compressed per topic) sent with acknowledged ``produce``. A broker that cannot be reached
-  is marked down for a back-off (doubling from ``retry_backoff_ms`` up to
+  compressed per topic) sent with acknowledged ``produce``; the batches queued for a broker
+  (up to _PIPELINE_DEPTH, _PIPELINE_BYTES) go in one round trip, pipelined (Luxun's produce
+  takes one pack of one topic: there is no call to merge them into). A broker that cannot
+  be reached is marked down for a back-off (doubling from ``retry_backoff_ms`` up to
   ``max_retry_backoff_ms``) and its batches go back to the router to be routed again; each
   batch counts its failed attempts and is discarded (``broker_failure``) after
   ``maxFailedDeliveryAttempts``. A refusal by the broker that trying again may cure (TRY_LATER)
@@ -26,8 +28,19 @@ counts the messages that had one (``AgentKeyDropped``) and its bytes
 (``AgentKeyDroppedBytes``); the value is delivered unchanged.
 
 Memory: each message takes ``len(message) + MSG_OVERHEAD_BYTES`` of the pool
-(``max_buffer_bytes``) from its arrival until its batch is delivered or discarded; a
-message that does not fit is discarded (``no_memory``), so the buffered data is bounded.
+(``max_buffer_bytes``) from its arrival until the router writes it into its batch, then
+what it holds there (its value, 4 bytes, 1/8 for the buffer's growth and 16) until the
+batch is delivered or discarded; a message that does not fit is discarded (``no_memory``),
+so the buffered data is bounded. A batch is one ``bytearray`` of the values as the pack
+lists them, not an object per message. Inputs wait while the messages queued for the router
+hold more than an eighth of the pool or _TRANSIT_MAX_BYTES, and the router calls
+``malloc_trim`` (at most once a second, after the pool held a quarter of its bytes) so that
+freed memory leaves the process.
+
+Delivery is at-least-once: a batch is settled by the broker's answer; when a connection
+breaks after the broker stored a pack but before its answer was read (with a pipeline, for
+every unanswered pack of it), the pack is sent again and stored twice. Luxun's produce has
+no producer id or sequence a broker could deduplicate by, so this is documented, not fixed.
 
 Counting: every message read is delivered or counted once as a discard; bytes left by a
 stream client that closed in the middle of a message are counted apart (unclean
@@ -41,25 +54,34 @@ views from any thread.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import select
 import socket
 import stat
+import struct
 import threading
 import time
 import unicodedata
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from thriftpy2.thrift import TApplicationException
+from thriftpy2.transport import TTransportException
 
 from idl import luxun_thrift as T
 
 from ..connection import BrokerConnection
-from ..errors import BrokerError, BrokerUnavailableError, LuxunClientError, MessageSizeTooLargeError
-from ..messages import NO_COMPRESSION, encode_pack, snappy_available
+from ..errors import BrokerUnavailableError, LuxunClientError, MessageSizeTooLargeError, broker_error
+from ..messages import NO_COMPRESSION, snappy_available
+from ..pack import encode_pack_written
+from . import discardlog as D
 from . import stats as S
 from .config import CODECS, AgentConfig, RateLimit
+from .discardlog import DiscardLog, values_of
 from .mmsg import batch_receiver
 from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_fields
 
@@ -80,8 +102,33 @@ _TOPIC_CACHE_MAX = 10_000
 _CREDIT_BYTES = 64 * 1024
 #: Messages an input thread hands to the router at a time, at most.
 _HANDOVER_MESSAGES = 512
-#: The datagram input hands its messages over once no datagram came for this long.
+#: The datagram input hands its messages to the router this long after it first found its
+#: socket empty with messages read, at the latest.
 _DGRAM_HANDOVER_S = 0.002
+_I32 = struct.Struct(">i").pack
+#: Pool bytes of the messages queued for the router at most (and 1/8 of the pool).
+_TRANSIT_MAX_BYTES = 4 * 1024 * 1024
+#: Batches a sender writes to its broker before reading the answers, at most (and bytes).
+_PIPELINE_DEPTH = 16
+_PIPELINE_BYTES = 1024 * 1024
+#: The discard log's reason for a batch discarded after routing (see discardlog).
+_DISCARD_LOG_INFO = {S.BROKER_FAILURE: D.DELIVERY_ATTEMPT_LIMIT, S.SHUTDOWN: D.SHUTDOWN, S.TOO_LARGE: D.LONG_MSG}
+#: How often, at most, the router gives the allocator's free memory back (see _trim_if_buffered).
+_TRIM_INTERVAL_S = 1.0
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None (another libc)."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_malloc_trim = _find_malloc_trim()
 
 
 class Pool:
@@ -91,6 +138,7 @@ class Pool:
         self.capacity = capacity
         self.used = 0
         self.peak = 0
+        self.recent_peak = 0  # since the router last looked (Agent._trim_if_buffered)
         self._lock = threading.Lock()
 
     def alloc(self, n: int) -> bool:
@@ -98,8 +146,10 @@ class Pool:
             if self.used + n > self.capacity:
                 return False
             self.used += n
-            if self.used > self.peak:
-                self.peak = self.used
+            if self.used > self.recent_peak:
+                self.recent_peak = self.used
+                if self.used > self.peak:
+                    self.peak = self.used
             return True
 
     def reserve(self, want: int, at_least: int) -> int:
@@ -110,8 +160,10 @@ class Pool:
                 return 0
             n = min(max(want, at_least), free)
             self.used += n
-            if self.used > self.peak:
-                self.peak = self.used
+            if self.used > self.recent_peak:
+                self.recent_peak = self.used
+                if self.used > self.peak:
+                    self.peak = self.used
             return n
 
     def free(self, n: int) -> None:
@@ -120,15 +172,20 @@ class Pool:
 
 
 class _Batch:
-    __slots__ = ("attempts", "bytes", "charge", "created", "group", "linger_s", "max_ts", "min_ts", "preferred",
-                 "settled", "topic", "values")  # fmt: skip
+    __slots__ = ("attempts", "bytes", "charge", "count", "created", "group", "linger_s", "max_ts", "min_ts",
+                 "preferred", "settled", "topic", "written")  # fmt: skip
 
     def __init__(self, topic: str, group: int, preferred: int | None, now: float, linger_s: float) -> None:
         self.linger_s = linger_s
         self.topic = topic
         self.group = group  # -1: AnyPartition, else the preferred broker
         self.preferred = preferred
-        self.values: list[bytes] = []
+        # The values as a pack lists them (i32 length, bytes), written as they come: one
+        # buffer per batch rather than an object per message, so that memory freed by a
+        # delivered batch is whole blocks the allocator reuses or returns (objects of many
+        # small messages spread over pymalloc arenas kept RSS up after they were freed).
+        self.written = bytearray()
+        self.count = 0
         self.bytes = 0
         self.charge = 0
         self.created = now
@@ -190,33 +247,43 @@ class _Intake:
     blocks of up to ``_CREDIT_BYTES`` (so the pool lock is taken once per block, not per
     message) and hands messages to the router in chunks."""
 
-    __slots__ = ("agent", "credit", "pending", "transport")
+    __slots__ = ("agent", "credit", "pending", "pending_charge", "transport")
 
     def __init__(self, agent: Agent, transport: int) -> None:
         self.agent = agent
         self.transport = transport
         self.credit = 0
         self.pending: list[Fields] = []
+        self.pending_charge = 0
 
     def accept(self, data: bytes) -> None:
         try:
             f = parse_fields(data)
         except Malformed:
             self.agent.stats.discard(S.MALFORMED, None, sample=data)
+            if self.agent.discard_log is not None:
+                self.agent.discard_log.write(D.MALFORMED, b"", None, b"", data)
             return
-        except UnsupportedApiKey:
+        except UnsupportedApiKey as exc:
             self.agent.stats.discard(S.UNSUPPORTED_API_KEY, None, sample=data)
+            if self.agent.discard_log is not None:
+                self.agent.discard_log.write(f"API_KEY({exc.api_key})", b"", None, b"", data)
             return
         except UnsupportedVersion as exc:
             self.agent.stats.discard(S.UNSUPPORTED_VERSION, None, sample=data, version=exc.version)
+            if self.agent.discard_log is not None:
+                self.agent.discard_log.write(f"VERSION({exc.version})", b"", None, b"", data)
             return
         charge = len(data) + MSG_OVERHEAD_BYTES
         if charge > self.credit:
             self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
             if charge > self.credit:
                 self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                if self.agent.discard_log is not None:
+                    self.agent.discard_log.write(D.NO_MEM, f[0], f[2], f[3], f[4])
                 return
         self.credit -= charge
+        self.pending_charge += charge
         self.pending.append(f)
         if len(self.pending) >= _HANDOVER_MESSAGES:
             self.flush(idle=False)
@@ -224,8 +291,9 @@ class _Intake:
     def flush(self, *, idle: bool) -> None:
         """Hand pending messages to the router; ``idle``: give back unused pool credit."""
         if self.pending:
-            self.agent._push(self.transport, self.pending)
+            self.agent._push(self.transport, self.pending, self.pending_charge)
             self.pending = []
+            self.pending_charge = 0
         if idle and self.credit:
             self.agent.pool.free(self.credit)
             self.credit = 0
@@ -236,17 +304,47 @@ def charge_of(f: Fields) -> int:
     return (28 if f[1] is None else 32) + len(f[0]) + len(f[3]) + len(f[4]) + MSG_OVERHEAD_BYTES
 
 
+class _Pipelined(BrokerConnection):
+    """A broker connection that sends several produce calls before reading their answers.
+
+    The Luxun API has no call that stores packs of several topics at once (``produce``
+    takes one item of one topic), so the batches queued for a broker go as a pipeline: all
+    their requests written on the connection, then the answers read in order (the broker
+    serves a connection's calls one after the other): one round trip for them all.
+    """
+
+    def produce_all(self, requests: Iterator[Any], n: int) -> tuple[list[Any], LuxunClientError | None]:
+        """Send the ``n`` requests (made one at a time, so that one pack at a time is in
+        memory); return the answers read, in order, and what stopped the pipeline (None:
+        all answered). Requests past the answers read may or may not have been carried out."""
+        answers: list[Any] = []
+        try:
+            client = self._connect()
+        except LuxunClientError as exc:
+            return answers, exc
+        try:
+            for request in requests:
+                client._send("produce", produceRequest=request)
+            for _ in range(n):
+                answers.append(client._recv("produce"))
+        except (TTransportException, OSError, TApplicationException, EOFError) as exc:
+            self._drop()
+            return answers, BrokerUnavailableError(f"broker {self.where}, produce: {self._reason(exc, 'produce')}")
+        self._answered = True
+        return answers, None
+
+
 class _Sender(threading.Thread):
     def __init__(self, agent: Agent, index: int, address: str) -> None:
         super().__init__(name=f"luxun-agent-send-{address}", daemon=True)
         self.agent = agent
         self.index = index
         self.address = address
-        self.conn = BrokerConnection(address, timeout_ms=agent.config.broker_timeout_ms,
-                                     connect_timeout_ms=min(agent.config.broker_timeout_ms, 2_000))  # fmt: skip
+        self.conn = _Pipelined(address, timeout_ms=agent.config.broker_timeout_ms,
+                               connect_timeout_ms=min(agent.config.broker_timeout_ms, 2_000))  # fmt: skip
         self.cond = threading.Condition(threading.Lock())
         self.queue: deque[_Batch] = deque()
-        self.in_flight: _Batch | None = None
+        self.in_flight: list[_Batch] = []
         self.down_until = 0.0
         self.backoff_s = agent.config.retry_backoff_ms / 1000
         self.ok = 0
@@ -270,7 +368,12 @@ class _Sender(threading.Thread):
                     now = time.monotonic()
                     if self.queue and now >= self.down_until:
                         leftovers = None
-                        batch = self.in_flight = self.queue.popleft()
+                        batches = [self.queue.popleft()]
+                        size = batches[0].bytes
+                        while self.queue and len(batches) < _PIPELINE_DEPTH and size < _PIPELINE_BYTES:
+                            batches.append(self.queue.popleft())
+                            size += batches[-1].bytes
+                        self.in_flight = batches
                         break
                     if agent._senders_stop and not self.queue:
                         return
@@ -280,38 +383,52 @@ class _Sender(threading.Thread):
                     agent._settle(b, S.SHUTDOWN)
                 return
             try:
-                self._send(batch)
+                self._send(batches)
             finally:
-                self.in_flight = None
+                self.in_flight = []
 
-    def _send(self, batch: _Batch) -> None:
+    def _send(self, batches: list[_Batch]) -> None:
         agent = self.agent
-        item = agent._pack(batch)
-        try:
-            self.conn.checked("produce", T.ProduceRequest(item=item, topic=batch.topic))
-        except BrokerUnavailableError as exc:
-            self._failed(batch, exc, reroute=True)
-        except MessageSizeTooLargeError as exc:
-            agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {len(item)}-byte pack: {exc}")
-        except BrokerError as exc:
-            if exc.retriable:
-                self._failed(batch, exc, reroute=False)
-            else:
-                agent._refused(batch, S.BROKER_FAILURE, f"broker {self.address} refused a pack: {exc}")
-        except LuxunClientError as exc:  # closed at shutdown
-            self._failed(batch, exc, reroute=True)
-        else:
-            self.ok += 1
-            self.backoff_s = agent.config.retry_backoff_ms / 1000
-            agent.stats.incr("SendProduceRequestOk")
-            agent._settle(batch, None)
+        sizes: list[int] = []
 
-    def _failed(self, batch: _Batch, exc: Exception, *, reroute: bool) -> None:
+        def requests() -> Iterator[Any]:
+            for b in batches:
+                item = agent._pack(b)
+                sizes.append(len(item))
+                yield T.ProduceRequest(item=item, topic=b.topic)
+
+        answers, broken = self.conn.produce_all(requests(), len(batches))
+        agent.stats.incr("SendProduceRoundTrip")
+        retry: list[_Batch] = []
+        last_refusal: Exception | None = None
+        for batch, size, answer in zip(batches, sizes, answers, strict=False):
+            result = answer.result
+            if result.resultCode == T.ResultCode.SUCCESS:
+                self.ok += 1
+                self.backoff_s = agent.config.retry_backoff_ms / 1000
+                agent.stats.incr("SendProduceRequestOk")
+                agent._settle(batch, None)
+                continue
+            exc = broker_error(result.resultCode, result.errorCode, result.errorMessage)
+            if isinstance(exc, MessageSizeTooLargeError):
+                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {size}-byte pack: {exc}",
+                               D.LONG_MSG)  # fmt: skip
+            elif exc.retriable:
+                retry.append(batch)
+                last_refusal = exc
+            else:
+                agent._refused(batch, S.BROKER_FAILURE, f"broker {self.address} refused a pack: {exc}", D.ERROR_ACK)
+        if broken is not None:  # the unanswered ones go to the router again, with the queue
+            self._failed(retry + batches[len(answers) :], broken, reroute=True)
+        elif retry:
+            assert last_refusal is not None
+            self._failed(retry, last_refusal, reroute=False)
+
+    def _failed(self, batches: list[_Batch], exc: Exception, *, reroute: bool) -> None:
         agent = self.agent
         cfg = agent.config
         self.failed += 1
         agent.stats.incr("SendProduceRequestFail")
-        batch.attempts += 1
         agent._log_limited(f"down:{self.address}", f"broker {self.address}: {exc}; backing off {self.backoff_s:.1f} s")
         with self.cond:
             self.down_until = time.monotonic() + self.backoff_s
@@ -319,15 +436,19 @@ class _Sender(threading.Thread):
             moved = list(self.queue) if reroute else []
             if reroute:
                 self.queue.clear()
-        if batch.attempts >= cfg.max_failed_delivery_attempts:
-            agent._settle(batch, S.BROKER_FAILURE)
-        elif reroute:
-            moved.insert(0, batch)
-        else:
+        again: list[_Batch] = []
+        for batch in batches:
+            batch.attempts += 1
+            if batch.attempts >= cfg.max_failed_delivery_attempts:
+                agent._settle(batch, S.BROKER_FAILURE)
+            else:
+                again.append(batch)
+        if reroute:
+            if again or moved:
+                agent._reroute(again + moved)
+        elif again:
             with self.cond:
-                self.queue.appendleft(batch)
-        if moved:
-            agent._reroute(moved)
+                self.queue.extendleft(reversed(again))
 
 
 class Agent:
@@ -347,7 +468,9 @@ class Agent:
         self.pid = os.getpid()
         self.stats = S.Stats(config.discard_report_interval_s, config.bad_msg_prefix_bytes)
         self.pool = Pool(config.max_buffer_bytes)
-        self._inq: deque[tuple[int, list[Fields]]] = deque()
+        self._inq: deque[tuple[int, list[Fields], int]] = deque()
+        self._transit = 0  # pool bytes of the messages in _inq
+        self._transit_lock = threading.Lock()
         self._reroutes: deque[_Batch] = deque()
         self._wake_router = threading.Event()
         self._stopping = False  # inputs stop reading
@@ -372,6 +495,7 @@ class Agent:
         self.keys_dropped = 0
         self.keys_dropped_bytes = 0
         self.handovers = 0  # chunks of messages the router took from the inputs
+        self.discard_log: DiscardLog | None = None
         self._log_times: dict[str, float] = {}
         self._log_lock = threading.Lock()
         self.tcp_port: int | None = None
@@ -384,6 +508,10 @@ class Agent:
             OSError: a socket cannot be bound (the message names the path or port).
         """
         cfg = self.config
+        if cfg.discard_log_path:
+            self.discard_log = DiscardLog(cfg.discard_log_path, cfg.discard_log_max_file_bytes,
+                                          cfg.discard_log_max_archive_bytes,
+                                          cfg.discard_log_max_prefix_bytes)  # fmt: skip
         try:
             if cfg.dgram_path:
                 s = self._unix_socket(cfg.dgram_path, socket.SOCK_DGRAM, cfg.dgram_mode)
@@ -407,6 +535,8 @@ class Agent:
                 self._spawn(self._accept_loop, "tcp-accept", s, TCP)
         except OSError:
             self._close_sockets()
+            if self.discard_log is not None:
+                self.discard_log.close()
             raise
         for sender in self.senders:
             sender.start()
@@ -466,12 +596,14 @@ class Agent:
         self._router.join(2.0)
         for sender in self.senders:
             sender.join(max(0.5, min(2.0, self.config.broker_timeout_ms / 1000)))
-            if sender.in_flight is not None:
-                self._settle(sender.in_flight, S.SHUTDOWN)
+            for batch in list(sender.in_flight):
+                self._settle(batch, S.SHUTDOWN)
             sender.conn.close()
         self._metadata_event.set()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        if self.discard_log is not None:
+            self.discard_log.close()
         return self.summary()
 
     def _close_sockets(self) -> None:
@@ -497,10 +629,19 @@ class Agent:
     def _intake(self, transport: int) -> _Intake:
         return _Intake(self, transport)
 
-    def _push(self, transport: int, chunk: list[Fields]) -> None:
-        self._inq.append((transport, chunk))
+    def _push(self, transport: int, chunk: list[Fields], charge: int) -> None:
+        """Queue a chunk for the router; while the messages waiting for it hold more than
+        an eighth of the pool or _TRANSIT_MAX_BYTES, wait (the router is behind: reading on
+        would only pile up per-message objects, whose memory Python's allocator keeps after
+        they are freed; they take about twice their charge in RSS)."""
+        with self._transit_lock:
+            self._transit += charge
+            self._inq.append((transport, chunk, charge))
         if not self._wake_router.is_set():
             self._wake_router.set()
+        limit = min(self.pool.capacity // 8, _TRANSIT_MAX_BYTES)
+        while self._transit > limit and not self._stopping and not self._abandon:
+            time.sleep(0.0005)
 
     def _wait_readable(self, s: socket.socket, timeout_s: float | None = None) -> bool | None:
         """Block until ``s`` is readable (True), ``timeout_s`` passed (None) or the agent
@@ -519,6 +660,7 @@ class Agent:
         accept = intake.accept
         rx = batch_receiver(s, size) if os.environ.get("LUXUN_AGENT_RECVMMSG", "1") != "0" else None
         receive = rx.receive if rx is not None else (lambda: [s.recv(size)])
+        handover_at = 0.0  # when the messages read so far go to the router at the latest
         try:
             while not self._stopping:
                 try:
@@ -527,10 +669,17 @@ class Agent:
                     # Senders are held after net.unix.max_dgram_qlen datagrams, so the queue
                     # is empty every few messages: handing each few to the router would wake
                     # it (a context switch and a GIL hand-over) thousands of times a second.
-                    # Messages wait here until _DGRAM_HANDOVER_S passes with none arriving.
-                    ready = self._wait_readable(s, _DGRAM_HANDOVER_S) if intake.pending else None
+                    # Messages wait here at most _DGRAM_HANDOVER_S (or until 512 came).
+                    ready = None
+                    if intake.pending:
+                        now = time.monotonic()
+                        if not handover_at:
+                            handover_at = now + _DGRAM_HANDOVER_S
+                        if now < handover_at:
+                            ready = self._wait_readable(s, handover_at - now)
                     if ready is None:
                         intake.flush(idle=True)  # hand over what was read before sleeping
+                        handover_at = 0.0
                         ready = self._wait_readable(s)
                     if not ready:
                         break
@@ -575,6 +724,9 @@ class Agent:
                 if not chunk:
                     if rest:
                         self.stats.unclean_disconnect(TRANSPORTS[transport], len(rest), f"{prefix}UncleanDisconnect")
+                        if self.discard_log is not None:
+                            info = "UNCLEAN_T" if transport == TCP else "UNCLEAN_U"
+                            self.discard_log.write(info, b"", None, b"", rest)
                     break
                 data = rest + chunk if rest else chunk
                 n = len(data)
@@ -584,10 +736,14 @@ class Agent:
                     if size < 4:
                         self.stats.incr(f"{prefix}InvalidSizeField")
                         self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 4])
+                        if self.discard_log is not None:
+                            self.discard_log.write(D.MALFORMED, b"", None, b"", data[pos:])
                         return
                     if size - 4 > limit:
                         self.stats.incr(f"{prefix}MsgBodyTooLarge")
                         self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 64])
+                        if self.discard_log is not None:
+                            self.discard_log.write(D.MALFORMED, b"", None, b"", data[pos:])
                         return
                     if n - pos < size:
                         break
@@ -608,6 +764,7 @@ class Agent:
         route = self._route_chunk
         batches = self._batches
         wake = self._wake_router
+        next_trim = 0.0
         try:
             while True:
                 wake.clear()
@@ -618,9 +775,15 @@ class Agent:
                     self._dispatch(reroutes.popleft())
                 n = 0
                 while inq and n < 64:
-                    route(*inq.popleft())
+                    transport, chunk, charge = inq.popleft()
+                    route(transport, chunk)
+                    with self._transit_lock:
+                        self._transit -= charge
                     n += 1
                 now = time.monotonic()
+                if now >= next_trim:
+                    next_trim = now + _TRIM_INTERVAL_S
+                    self._trim_if_buffered()
                 next_due = now + 0.2
                 for key, b in list(batches.items()):
                     due = b.created + b.linger_s
@@ -635,16 +798,32 @@ class Agent:
         finally:
             self._router_done.set()
 
+    def _trim_if_buffered(self) -> None:
+        """After the pool held a quarter of its bytes or more: ``malloc_trim``, so that the
+        memory messages in transit took from glibc's heap (freed once they are written into
+        batches, which live in their own mappings) goes back to the system instead of
+        staying resident beside the batches. Costs up to ~20 ms (without the GIL) with a
+        full 64 MiB pool, at most once per _TRIM_INTERVAL_S."""
+        pool = self.pool
+        with pool._lock:
+            peak, pool.recent_peak = pool.recent_peak, pool.used
+        if peak >= pool.capacity // 4 and _malloc_trim is not None:
+            _malloc_trim(0)
+
     def _abandon_router(self) -> None:
         for b in list(self._batches.values()) + list(self._reroutes):
             self._settle(b, S.SHUTDOWN)
         self._batches.clear()
         self._reroutes.clear()
         while self._inq:
-            _, chunk = self._inq.popleft()
+            _, chunk, charge = self._inq.popleft()
+            with self._transit_lock:
+                self._transit -= charge
             for f in chunk:
                 self.pool.free(charge_of(f))
                 self.stats.discard(S.SHUTDOWN, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                if self.discard_log is not None:
+                    self.discard_log.write(D.SHUTDOWN, f[0], f[2], f[3], f[4])
 
     def _topic_state(self, raw: bytes) -> _TopicState | None:
         """The router's view of a topic, or None for a bad topic (cached)."""
@@ -677,6 +856,7 @@ class Agent:
         topics = self._topics if self._topics_epoch == self._seen_epoch else {}
         stats = self.stats
         now = time.monotonic()
+        refund = 0  # pool bytes of the chunk's messages beyond what their batches now hold
         for f in chunk:
             raw, pk, ts, key, value = f
             if key:
@@ -689,15 +869,21 @@ class Agent:
                 if st is None:
                     self.pool.free(charge_of(f))
                     stats.discard(S.BAD_TOPIC, None, sample=raw)
+                    if self.discard_log is not None:
+                        self.discard_log.write(D.BAD_TOPIC, raw, ts, key, value)
                     continue
             size = len(value) + 4
             if size > room:
                 self.pool.free(charge_of(f))
                 stats.discard(S.TOO_LARGE, st.name, sample=raw + b" " + value[:64], ts_min=ts, ts_max=ts)
+                if self.discard_log is not None:
+                    self.discard_log.write(D.LONG_MSG, raw, ts, key, value)
                 continue
             if st.limiter is not None and not st.limiter.allow(now):
                 self.pool.free(charge_of(f))
                 stats.discard(S.RATE_LIMITED, st.name, ts_min=ts, ts_max=ts)
+                if self.discard_log is not None:
+                    self.discard_log.write(D.RATE_LIMIT, raw, ts, key, value)
                 continue
             bkey = (st.name, -1 if pk is None else pk % n_senders)
             b = batches.get(bkey)
@@ -708,18 +894,26 @@ class Agent:
             if b is None:
                 group = bkey[1]
                 b = batches[bkey] = _Batch(st.name, group, None if group < 0 else group, now, st.linger_s)
-            values = b.values
-            values.append(value)
+            written = b.written
+            written += _I32(size - 4)
+            written += value
+            b.count += 1
             b.bytes += size
-            # charge_of(f), inline: this loop runs once per message
-            b.charge += (28 if pk is None else 32) + len(raw) + len(key) + size + (MSG_OVERHEAD_BYTES - 4)
+            # charge_of(f), inline (this loop runs once per message), and what the message
+            # holds once written: its bytes plus the buffer's growth (1/8) and a margin
+            charge = (28 if pk is None else 32) + len(raw) + len(key) + size + (MSG_OVERHEAD_BYTES - 4)
+            held = min(charge, size + (size >> 3) + 16)
+            refund += charge - held
+            b.charge += held
             if ts < b.min_ts:
                 b.min_ts = ts
             if ts > b.max_ts:
                 b.max_ts = ts
-            if len(values) >= st.max_messages or b.bytes >= st.max_bytes:
+            if b.count >= st.max_messages or b.bytes >= st.max_bytes:
                 del batches[bkey]
                 self._dispatch(b)
+        if refund:
+            self.pool.free(refund)
 
     def _dispatch(self, batch: _Batch) -> None:
         senders = self.senders
@@ -746,32 +940,34 @@ class Agent:
         cfg = self.config
         comp = cfg.compression(batch.topic)
         codec = CODECS[comp.codec]
-        if codec == NO_COMPRESSION:
-            return encode_pack(batch.values)
-        raw = encode_pack(batch.values)
-        if len(raw) < comp.min_size_bytes:
-            return raw
-        packed = encode_pack(batch.values, codec)
-        if len(packed) * 100 > cfg.compression_size_threshold_percent * len(raw):
-            return raw
+        raw_size = len(batch.written) + 32  # the pack's bytes uncompressed
+        if codec == NO_COMPRESSION or raw_size < comp.min_size_bytes:
+            return encode_pack_written(batch.count, batch.written)
+        packed = encode_pack_written(batch.count, batch.written, codec)
+        if len(packed) * 100 > cfg.compression_size_threshold_percent * raw_size:
+            return encode_pack_written(batch.count, batch.written)
         return packed
 
-    def _settle(self, batch: _Batch, reason: str | None) -> None:
-        """Delivered (``reason`` None) or discarded; once per batch."""
+    def _settle(self, batch: _Batch, reason: str | None, log_info: str | None = None) -> None:
+        """Delivered (``reason`` None) or discarded; once per batch. ``log_info``: the
+        discard log's reason when it is not the one that follows from ``reason``."""
         with self.stats.lock:
             if batch.settled:
                 return
             batch.settled = True
         self.pool.free(batch.charge)
         if reason is None:
-            self.stats.count_delivered(batch.topic, len(batch.values))
-        else:
-            self.stats.discard(reason, batch.topic, len(batch.values), ts_min=batch.min_ts, ts_max=batch.max_ts)
+            self.stats.count_delivered(batch.topic, batch.count)
+            return
+        self.stats.discard(reason, batch.topic, batch.count, ts_min=batch.min_ts, ts_max=batch.max_ts)
+        if self.discard_log is not None:
+            info = log_info or _DISCARD_LOG_INFO.get(reason, D.DELIVERY_ATTEMPT_LIMIT)
+            self.discard_log.write_many(info, batch.topic, batch.min_ts, b"", values_of(batch.written))
 
-    def _refused(self, batch: _Batch, reason: str, detail: str) -> None:
-        self._log_limited(f"refused:{batch.topic}", f"discarding {len(batch.values)} messages of {batch.topic!r}: "
+    def _refused(self, batch: _Batch, reason: str, detail: str, log_info: str) -> None:
+        self._log_limited(f"refused:{batch.topic}", f"discarding {batch.count} messages of {batch.topic!r}: "
                           f"{detail}")  # fmt: skip
-        self._settle(batch, reason)
+        self._settle(batch, reason, log_info)
 
     def _log_limited(self, key: str, message: str, interval_s: float = 5.0) -> None:
         now = time.monotonic()
@@ -837,15 +1033,14 @@ class Agent:
             try:
                 out.clear()
                 for b in list(self._batches.values()):
-                    add(b.topic, "batch", len(b.values))
+                    add(b.topic, "batch", b.count)
                 for s in self.senders:
                     for b in list(s.queue):
-                        add(b.topic, "send_wait", len(b.values))
-                    f = s.in_flight
-                    if f is not None:
-                        add(f.topic, "ack_wait", len(f.values))
+                        add(b.topic, "send_wait", b.count)
+                    for f in list(s.in_flight):
+                        add(f.topic, "ack_wait", f.count)
                 for b in list(self._reroutes):
-                    add(b.topic, "send_wait", len(b.values))
+                    add(b.topic, "send_wait", b.count)
                 break
             except RuntimeError:  # changed while copied
                 continue

@@ -48,18 +48,24 @@ class BatchReceiver:
 
     def __init__(self, libc: ctypes.CDLL, sock: socket.socket, size: int, count: int = 16) -> None:
         self._fd = sock.fileno()
-        self._size = size
         self._count = count
         self._buf = (ctypes.c_char * (size * count))()
         base = ctypes.addressof(self._buf)
         self._iov = (_IoVec * count)()
-        self._msgs = (_MMsgHdr * count)()
+        # The headers over a bytearray, so that the lengths the kernel writes (msg_len) are
+        # read through a memoryview: indexing the ctypes array makes an object per read.
+        self._raw = bytearray(ctypes.sizeof(_MMsgHdr) * count)
+        self._msgs = (_MMsgHdr * count).from_buffer(self._raw)
         for i in range(count):
             self._iov[i].iov_base = base + i * size
             self._iov[i].iov_len = size
             self._msgs[i].msg_hdr.msg_iov = ctypes.pointer(self._iov[i])
             self._msgs[i].msg_hdr.msg_iovlen = 1
-        self._view = memoryview(self._buf).cast("B")
+        self._lens = memoryview(self._raw).cast("I")
+        stride = ctypes.sizeof(_MMsgHdr) // 4
+        at = _MMsgHdr.msg_len.offset // 4
+        #: per slot: where its datagram starts in _buf, where its length is in _lens
+        self._slots = tuple((i * size, i * stride + at) for i in range(count))
         self._call = libc.recvmmsg
         self._call.argtypes = [ctypes.c_int, ctypes.POINTER(_MMsgHdr), ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
         self._call.restype = ctypes.c_int
@@ -71,10 +77,10 @@ class BatchReceiver:
             if err in (0, 11):  # EAGAIN (errno is not always captured: treat as nothing queued)
                 raise BlockingIOError
             raise OSError(err, os.strerror(err))
-        view = self._view
-        size = self._size
-        msgs = self._msgs
-        return [view[i * size : i * size + msgs[i].msg_len].tobytes() for i in range(n)]
+        buf = self._buf
+        lens = self._lens
+        # a slice of a c_char array is bytes (typeshed says list[bytes])
+        return [buf[start : start + lens[at]] for start, at in self._slots[:n]]  # type: ignore[misc]
 
 
 def batch_receiver(sock: socket.socket, size: int, count: int = 16) -> BatchReceiver | None:

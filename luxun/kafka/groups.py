@@ -180,6 +180,9 @@ class _Group:
         self.rebalances = 0
         self.touched_s = 0.0  # the last request for it (clock of the coordinator)
         self.evicted = False  # taken out of the coordinator's map: look it up again
+        #: When the background thread next has something to do here (read without the
+        #: lock: a float; written under it after every request and tick).
+        self.wake_s = 0.0
 
     def is_leader(self, member_id: str) -> bool:
         return self.leader == member_id
@@ -678,6 +681,14 @@ class GroupCoordinator:
             deadlines.append(group.sync_deadline_s)
         return min(deadlines, default=float("inf"))
 
+    def _wake_time(self, group: _Group) -> float:
+        """When the background thread must look at ``group`` next: its next deadline,
+        or when it may be forgotten."""
+        wake = self._next_deadline(group)
+        if group.state is GroupState.EMPTY and not group.members and not group.pending:
+            wake = min(wake, group.touched_s + self.empty_group_ttl_s)
+        return wake
+
     def _wait(self, group: _Group, waiter: _Waiter, closed: dict[str, Any]) -> dict[str, Any]:
         """Wait (the group's lock held, released while waiting) until ``waiter`` is
         answered; ``closed`` when the coordinator closes first."""
@@ -693,7 +704,10 @@ class GroupCoordinator:
 
     def _reap(self) -> None:
         while not self._closed.wait(TICK_S):
+            now = self.clock()
             for group in self._all_groups():
+                if group.wake_s > now:  # nothing due (most groups, most of the time)
+                    continue
                 try:
                     with group.cond:
                         now = self.clock()
@@ -701,6 +715,7 @@ class GroupCoordinator:
                         idle = group.state is GroupState.EMPTY and not group.members and not group.pending
                         if idle and now - group.touched_s >= self.empty_group_ttl_s:
                             self._evict(group)
+                        group.wake_s = self._wake_time(group)
                 except Exception:  # never let the thread die: sessions would stop expiring
                     _limited.exception("reap", "group %r: expiring sessions failed", group.group_id)
 
@@ -1038,7 +1053,10 @@ class GroupCoordinator:
                 if group.evicted:  # forgotten meanwhile: look it up again
                     continue
                 group.touched_s = self.clock()
-                yield group
+                try:
+                    yield group
+                finally:
+                    group.wake_s = self._wake_time(group)
                 return
 
     def _evict(self, group: _Group) -> None:

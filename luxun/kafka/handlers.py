@@ -310,7 +310,9 @@ class KafkaHandler:
                     result.high_watermark,
                     result.high_watermark,
                     result.log_start_offset,
-                    result.records,
+                    # Empty, never null, on errors: as Kafka; librdkafka rejects a null
+                    # record set ("invalid MessageSetSize -1") and never sees the error.
+                    result.records if result.records is not None else b"",
                 )
             )
         return fetch_response(header.api_version, list(responses.items()))

@@ -280,6 +280,74 @@ def test_a_full_pool_discards_no_memory_and_counts_add_up(brokers: Any, agents: 
     assert a.stop() == 0
 
 
+def test_batches_queued_for_a_broker_go_in_one_round_trip(brokers: Any, agents: Agents) -> None:
+    """Luxun's produce takes one pack of one topic, so queued batches (here of 40 topics,
+    waiting for a broker that was down) are pipelined: all written, then all answers read."""
+    (b,) = brokers(1)
+    b.stop()
+    config = """<doryConfig><batching><namedConfigs><config name="c"><time value="500" /><messages value="5" />
+      <bytes value="disable" /></config></namedConfigs><defaultTopic action="perTopic" config="c" /></batching>
+      <msgDelivery><maxFailedDeliveryAttempts value="1000" /></msgDelivery></doryConfig>"""
+    a = agents([address(b)], config=config)
+    topics = [b"pipe%d" % i for i in range(40)]
+    dgram_send(a.dgram, [encode(t, b"%s-%d" % (t, i)) for i in range(5) for t in topics])
+    a.wait(lambda: sum(q["send_wait"] + q["ack_wait"] for q in a.get("/queues/json")["sending"]) == 200,
+           message="40 batches queued")  # fmt: skip
+    b.start()
+    a.wait(lambda: a.counters().get("MsgDelivered", 0) == 200, message="delivered")
+    c = a.counters()
+    assert c["SendProduceRequestOk"] == 40
+    assert c["SendProduceRoundTrip"] - c["SendProduceRequestFail"] <= 4, c  # 16 packs per round trip at most
+    for t in topics:
+        assert read_topic(b, t.decode()) == [b"%s-%d" % (t, i) for i in range(5)]
+    assert a.stop() == 0
+
+
+def _rss_mib(pid: int) -> dict[str, float]:
+    """VmRSS (now) and VmHWM (peak) of a process, MiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            out[line[:5]] = int(line.split()[1]) / 1024
+    return out
+
+
+def test_rss_stays_within_the_pool_when_it_fills_with_small_then_large_messages(brokers: Any,
+                                                                                agents: Agents) -> None:  # fmt: skip
+    """The pool filled in turn by 100 B and 1 KB messages, twice, drained in between: the
+    agent's peak RSS stays within its idle RSS + the pool, and it goes back near idle once
+    drained (was 126 MiB peak, 125 drained, for idle 33 + pool 48: small messages' objects
+    kept pymalloc arenas, large ones the malloc arenas)."""
+    (b,) = brokers(1)
+    b.stop()
+    pool_mib = 48
+    keep = '<doryConfig><msgDelivery><maxFailedDeliveryAttempts value="100000" /></msgDelivery></doryConfig>'
+    a = agents([address(b)], "--max-buffer", f"{pool_mib}m", config=keep)
+    assert a.proc is not None
+    idle = _rss_mib(a.proc.pid)["VmRSS"]
+    sent = 0
+    for size in (100, 1000, 100, 1000):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(a.stream)
+        block = encode(b"mem%d" % size, b"v" * size) * 500
+        before = a.discards().get("no_memory", 0)
+        for _ in range(1000):  # until the pool is full (at most 500 k messages)
+            s.sendall(block)
+            sent += 500
+            if a.discards().get("no_memory", 0) > before + 1000:
+                break
+        s.close()
+        assert a.discards().get("no_memory", 0) > before, f"the pool never filled with {size} B messages"
+        b.start()
+        a.wait(lambda n=sent: a.counters()["PoolBytesUsed"] == 0 and a.counters()["MsgDelivered"] + sum(
+            a.discards().values()) == n, 60, "drained")  # fmt: skip
+        b.stop()
+        rss = _rss_mib(a.proc.pid)
+        assert rss["VmHWM"] <= idle + pool_mib * 1.05 + 4, f"{size} B: peak {rss} MiB; idle {idle}, pool {pool_mib}"
+        assert rss["VmRSS"] <= idle + pool_mib * 0.25, f"{size} B: drained, still {rss} MiB; idle {idle}"
+    assert a.stop() == 0
+
+
 def test_sigterm_delivers_what_is_buffered_then_discards_past_the_delay(brokers: Any, agents: Agents) -> None:
     (b,) = brokers(1)
     slow = """<doryConfig><batching><namedConfigs><config name="slow"><time value="60000" />
@@ -383,6 +451,40 @@ def test_datagrams_reach_the_router_in_chunks_not_one_wake_up_per_few(brokers: A
     handovers = a.counters()["AgentInputHandovers"]
     assert handovers <= 100, f"{handovers} hand-overs for {n} datagrams sent back to back"
     assert read_topic(b, "chunks") == [b"m%d" % i for i in range(n)]
+
+
+def test_a_steady_trickle_of_datagrams_is_handed_over_within_milliseconds(brokers: Any, agents: Agents) -> None:
+    """The reader keeps datagrams until 2 ms pass without one: a sender that never pauses
+    that long must not leave them with the reader until 512 have come (up to 0.25 s here)."""
+    import threading
+
+    (b,) = brokers(1)
+    a = agents([address(b)])
+    sent = [0]
+    stop = threading.Event()
+
+    def send() -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.connect(a.dgram)
+        while not stop.is_set() and sent[0] < 20_000:
+            s.send(encode(b"trickle", b"%d" % sent[0]))
+            sent[0] += 1
+            time.sleep(0.0005)
+        s.close()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    lags = []
+    try:
+        for _ in range(8):
+            time.sleep(0.13)
+            before = sent[0]
+            lags.append(before - a.counters()["UnixDgInputAgentForwardMsg"])
+    finally:
+        stop.set()
+        sender.join()
+    assert max(lags) < 200, f"datagrams sent but not yet routed, sampled: {lags}"
+    a.wait(lambda: a.counters().get("MsgDelivered", 0) == sent[0], message="delivered")
 
 
 def test_start_errors_are_one_line_exit_2_and_leave_nothing(tmp_path: Path) -> None:

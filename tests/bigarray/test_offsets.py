@@ -11,6 +11,7 @@ import signal
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -384,6 +385,71 @@ def test_find_offset_and_log_start_of_an_empty_array(tmp_path: Path) -> None:
         assert (arr.log_start_offset, arr.next_offset) == (12, 12)
         assert arr.append(b"y", count=2) == 3
         assert (arr.first_offset(3), arr.end_offset(3)) == (12, 14)
+
+
+def test_find_offset_while_a_writer_appends_and_retention_trims(tmp_path: Path) -> None:
+    """Readers look records up while one thread appends counted items (each encodes its
+    first offset and count) and another trims the tail: the item find_offset names holds
+    the record, or is head (not written yet), or tail (the record was trimmed)."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    with BigArray(tmp_path / "a", data_page_size=4096) as arr:
+
+        def write() -> None:
+            rng = random.Random(5)
+            try:
+                for k in range(20_000):
+                    count = rng.randrange(1, 6)
+                    nxt = arr.next_offset
+                    if k % 3:
+                        arr.append(struct.pack(">qq", nxt, count), count=count, kind=1)
+                    else:
+                        arr.append_many(
+                            [struct.pack(">qq", nxt, count), struct.pack(">qq", nxt + count, 1)], [count, 1]
+                        )
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                stop.set()
+
+        def trim() -> None:
+            try:
+                while not stop.is_set():
+                    arr.remove_before_index(max(arr.tail, arr.head - 300))
+                    time.sleep(0.001)
+            except BaseException as exc:
+                errors.append(exc)
+
+        def read() -> None:
+            rng = random.Random(6)
+            try:
+                while not stop.is_set():
+                    start, end = arr.log_start_offset, arr.next_offset
+                    if end <= start:
+                        continue
+                    # records that exist, and the next one (a consumer waiting at the end)
+                    offset = rng.randrange(max(0, start - 5), end + 1)
+                    i = arr.find_offset(offset)
+                    while i >= arr.head and not stop.is_set():
+                        time.sleep(0)  # the item that will hold it is not written yet
+                    try:
+                        first, count = struct.unpack(">qq", arr.get(i))
+                    except IndexOutOfRangeError:
+                        continue  # head (nothing there yet), or trimmed meanwhile
+                    assert offset < first + count, (offset, i, first, count)
+                    if offset < first:  # only for a record below log start: tail
+                        assert i <= arr.tail, (offset, i, first)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (write, trim, read, read)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert not errors, errors[0]
+        assert arr.next_offset == arr.end_offset(arr.head - 1)
 
 
 # -- retention -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ StartBroker = Callable[..., BrokerProcess]
 
 @pytest.fixture
 def brokers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StartBroker]:
-    """``brokers(metrics=False)`` starts a broker (own data dir, free 127.0.0.1 ports,
+    """``brokers(metrics=False, kafka=False)`` starts a broker (own data dir, free 127.0.0.1 ports,
     password ``tests._broker.PASSWORD``); all are stopped at the end of the test and
     their logs printed if it failed."""
     started: list[BrokerProcess] = []

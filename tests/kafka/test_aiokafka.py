@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests._broker import BrokerProcess
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 async def _round_trip(bootstrap: str) -> list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]], int]]:

@@ -9,8 +9,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -29,16 +27,8 @@ from ._kafka import (
 pytestmark = pytest.mark.timeout(120)
 
 CORRUPT_MESSAGE = 2
+MESSAGE_TOO_LARGE = 10
 MiB = 1 << 20
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def _header(api_key: int, version: int, client_id: bytes = b"bad") -> bytes:
@@ -181,4 +171,15 @@ def test_100_connections_announcing_50_mib_stay_within_the_input_budget(broker: 
     assert [m.value() for m in read_partition(broker.bootstrap, "budget", 0, 2)] == [b"warm", b"after"]
     thrift = broker.client()
     assert thrift.getSize(T.GetSizeRequest(topic="budget")).size == 2
+    thrift.close()
+
+
+def test_a_batch_over_message_max_bytes_is_refused_and_the_connection_kept(broker: BrokerProcess) -> None:
+    with RawClient(broker.kafka_port) as raw:
+        raw.call(metadata_request("limit"))
+        part = produce_partition_response(raw.call(produce_request("limit", 0, record_batch([b"x" * (2 * MiB)]))))
+        assert part.error_code == MESSAGE_TOO_LARGE, part
+        assert _kafka_produce(raw, "limit", b"small") == 0
+    thrift = broker.client()
+    assert thrift.getSize(T.GetSizeRequest(topic="limit")).size == 1
     thrift.close()

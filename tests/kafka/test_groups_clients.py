@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,6 +49,11 @@ while time.monotonic() < deadline:
     print(json.dumps(sorted(tp.partition for tp in consumer.assignment())), flush=True)
 """.replace("SESSION_MS", str(SESSION_MS))
 
+#: A static member (group.instance.id = argv[4]).
+CONFLUENT_STATIC_MEMBER = CONFLUENT_MEMBER.replace(
+    '"group.id": sys.argv[3],', '"group.id": sys.argv[3], "group.instance.id": sys.argv[4],'
+)
+
 AIOKAFKA_MEMBER = """
 import asyncio, json, sys, time
 from aiokafka import AIOKafkaConsumer
@@ -73,10 +77,10 @@ MEMBERS = {"kafka-python": KAFKA_PYTHON_MEMBER, "confluent-kafka": CONFLUENT_MEM
 class Member:
     """A consumer in a child process; ``assignment`` is what it printed last."""
 
-    def __init__(self, script: str, bootstrap: str, topic: str, group: str, log: Path) -> None:
+    def __init__(self, script: str, bootstrap: str, topic: str, group: str, log: Path, *extra: str) -> None:
         self.log = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, bootstrap, topic, group], stdout=subprocess.PIPE, stderr=self.log
+            [sys.executable, "-c", script, bootstrap, topic, group, *extra], stdout=subprocess.PIPE, stderr=self.log
         )
         self.assignment: list[int] | None = None
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -106,15 +110,6 @@ def wait_for(condition: object, timeout_s: float, what: str, broker: BrokerProce
             pytest.fail(f"{what}: not within {timeout_s} s\n{broker.log()[-4000:]}")
         time.sleep(0.05)
     return time.monotonic() - t0
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def create_topic(broker: BrokerProcess, topic: str, partitions: int) -> None:
@@ -172,6 +167,30 @@ def test_members_of_different_clients_share_a_group(broker: BrokerProcess, tmp_p
     finally:
         for m in members:
             m.stop()
+
+
+def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    create_topic(broker, "static", PARTITIONS)
+    x = Member(CONFLUENT_STATIC_MEMBER, broker.bootstrap, "static", "g", tmp_path / "x.log", "x")
+    y = Member(CONFLUENT_STATIC_MEMBER, broker.bootstrap, "static", "g", tmp_path / "y.log", "y")
+    y2 = None
+    try:
+        wait_for(lambda: len(x.assignment or []) == len(y.assignment or []) == 2, 40, "x and y split", broker)
+        xs, ys = x.assignment, y.assignment
+        rebalances = broker.log().count("preparing to rebalance")
+        y.stop(signal.SIGKILL)
+        y2 = Member(CONFLUENT_STATIC_MEMBER, broker.bootstrap, "static", "g", tmp_path / "y2.log", "y")
+        took = wait_for(lambda: y2.assignment == ys, 20, "the restarted y has its partitions", broker)  # type: ignore[union-attr]
+        assert took < SESSION_MS / 1000  # before y's session could end: it took y's place
+        time.sleep(SESSION_MS / 1000 + 1)  # past y's old session: nothing moves
+        assert (x.assignment, y2.assignment) == (xs, ys)
+        assert broker.log().count("preparing to rebalance") == rebalances, "a rebalance happened"
+    finally:
+        for m in (x, y, y2):
+            if m is not None:
+                m.stop()
 
 
 def produce(broker: BrokerProcess, topic: str, n: int, *, batch: int) -> None:
@@ -420,3 +439,23 @@ def test_broker_stop_answers_a_waiting_join_group(tmp_path: Path) -> None:
             pass  # closed before the answer went out: the client looks for the coordinator again
     finally:
         broker.stop()
+
+
+def test_a_commit_survives_a_broker_killed_with_sigkill(broker: BrokerProcess) -> None:
+    """The committed offset is in the topic's mapped committed page once OffsetCommit is
+    answered: a kill -9 of the broker right after loses nothing."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    create_topic(broker, "crash", 2)
+    produce(broker, "crash", 10, batch=4)  # partition 0: items of 4, 4 and 2 records
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "crash", "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition("crash", 0, 6), TopicPartition("crash", 1, 0)], asynchronous=False)
+    c.close()
+    broker.stop(signal.SIGKILL)
+    broker.start()
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "crash", "enable.auto.commit": False})
+    try:
+        committed = c.committed([TopicPartition("crash", 0), TopicPartition("crash", 1)], timeout=10)
+        assert [(tp.partition, tp.offset) for tp in committed] == [(0, 6), (1, 0)]
+    finally:
+        c.close()

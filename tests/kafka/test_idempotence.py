@@ -5,8 +5,8 @@ transactions refused with a clear error."""
 from __future__ import annotations
 
 import datetime
+import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +26,6 @@ from ._kafka import (
 pytestmark = pytest.mark.timeout(90)
 
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def test_confluent_idempotent_producer_delivers_exactly_once(broker: BrokerProcess) -> None:
@@ -97,3 +88,35 @@ def test_transactions_are_refused_clearly_and_the_broker_keeps_serving(broker: B
     assert plain.flush(10) == 0
     assert [m.value() for m in read_partition(broker.bootstrap, "after-tx", 0, 1)] == [b"ok"]
     assert broker.proc is not None and broker.proc.poll() is None
+
+
+def test_a_retry_after_a_broker_restart_is_still_recognised(tmp_path: Path) -> None:
+    """Producer sequences are rebuilt from the stored batches after a restart (SIGKILL):
+    the retry of the last batch is answered with its offset, the next one continues."""
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        with RawClient(broker.kafka_port) as raw:
+            init = raw.call(request(22, 1, transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60)))
+            pid, epoch = init.producer_id, init.producer_epoch
+            raw.call(metadata_request("durable"))
+            for seq in range(0, 6, 2):
+                batch = record_batch([b"%d" % seq, b"%d" % (seq + 1)], producer_id=pid, producer_epoch=epoch,
+                                     base_sequence=seq)  # fmt: skip
+                part = produce_partition_response(raw.call(produce_request("durable", 0, batch)))
+                assert (part.error_code, part.base_offset) == (0, seq)
+        broker.stop(signal.SIGKILL)
+        broker = BrokerProcess(tmp_path / "data", tmp_path / "broker-2.log", kafka=True).start()
+        with RawClient(broker.kafka_port) as raw:
+            retry = record_batch([b"4", b"5"], producer_id=pid, producer_epoch=epoch, base_sequence=4)
+            part = produce_partition_response(raw.call(produce_request("durable", 0, retry)))
+            assert (part.error_code, part.base_offset) == (0, 4), "the retry is answered with the stored offset"
+            gap = record_batch([b"x"], producer_id=pid, producer_epoch=epoch, base_sequence=7)
+            part = produce_partition_response(raw.call(produce_request("durable", 0, gap)))
+            assert part.error_code == OUT_OF_ORDER_SEQUENCE_NUMBER
+            following = record_batch([b"6"], producer_id=pid, producer_epoch=epoch, base_sequence=6)
+            part = produce_partition_response(raw.call(produce_request("durable", 0, following)))
+            assert (part.error_code, part.base_offset) == (0, 6)
+        got = read_partition(broker.bootstrap, "durable", 0, 7)
+        assert [(m.offset(), m.value()) for m in got] == [(i, b"%d" % i) for i in range(7)]
+    finally:
+        broker.stop()

@@ -126,3 +126,25 @@ def test_log_append_time_topic_shows_the_broker_time(tmp_path: Path) -> None:
         assert [m.timestamp() for m in created] == [(TIMESTAMP_CREATE_TIME, old + i) for i in range(5)]
     finally:
         broker.stop()
+
+
+def test_topic_settings_survive_a_restart(tmp_path: Path) -> None:
+    """Partitions and message.timestamp.type of created topics, after a SIGKILL."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        new = [NewTopic("kept", 4, 1, config={"message.timestamp.type": "LogAppendTime"}), NewTopic("plain", 2, 1)]
+        for future in admin.create_topics(new, request_timeout=10).values():
+            future.result(10)
+        broker.stop(signal.SIGKILL)
+        broker = BrokerProcess(tmp_path / "data", tmp_path / "broker-2.log", kafka=True).start()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        topics = admin.list_topics(timeout=10).topics
+        assert {name: sorted(t.partitions) for name, t in topics.items()} == {"kept": [0, 1, 2, 3], "plain": [0, 1]}
+        for name, kind in (("kept", "LogAppendTime"), ("plain", "CreateTime")):
+            (future,) = admin.describe_configs([ConfigResource("topic", name)]).values()
+            assert future.result(10)["message.timestamp.type"].value == kind
+    finally:
+        broker.stop()

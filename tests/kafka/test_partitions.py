@@ -4,7 +4,6 @@ Metadata, and num.partitions for topics a client creates by using them."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,6 @@ from tests._broker import BrokerProcess
 from ._kafka import read_partition
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def test_four_partitions_keyed_produce_and_assign(broker: BrokerProcess) -> None:
@@ -102,5 +92,25 @@ def test_num_partitions_for_auto_created_topics(tmp_path: Path) -> None:
         assert sorted(topic.partitions) == [0, 1, 2]
         # The Thrift port sees partition 0 as topic "auto" and the others as auto~1, auto~2.
         assert sorted(p.name for p in (tmp_path / "data").iterdir() if p.is_dir()) == ["auto", "auto~1", "auto~2"]
+    finally:
+        broker.stop()
+
+
+def test_metadata_names_the_advertised_listener(tmp_path: Path) -> None:
+    """kafka.advertised.host: what Metadata tells clients to connect to (they do)."""
+    from confluent_kafka.admin import AdminClient
+
+    config = tmp_path / "server.properties"
+    config.write_text("kafka.advertised.host=localhost\n")
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", "--config", str(config), kafka=True).start()
+    try:
+        metadata = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10)
+        assert [(b.host, b.port) for b in metadata.brokers.values()] == [("localhost", broker.kafka_port)]
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        producer.produce("advertised", value=b"via localhost")
+        assert producer.flush(15) == 0
+        assert [m.value() for m in read_partition(broker.bootstrap, "advertised", 0, 1)] == [b"via localhost"]
     finally:
         broker.stop()

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests._broker import BrokerProcess
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def test_kafka_python_round_trip_keeps_keys_headers_and_offsets(broker: BrokerProcess) -> None:
@@ -80,3 +70,25 @@ def test_metrics_and_status_page_count_kafka_requests_and_errors(tmp_path: Path)
     assert 'luxun_kafka_requests_total{api_key="3",' in text  # Metadata
     assert 'luxun_kafka_errors_total{code="1",name="OFFSET_OUT_OF_RANGE"}' in text
     assert "<h2>Kafka protocol</h2>" in page and "<td>fetch</td>" in page and "OFFSET_OUT_OF_RANGE" in page
+
+
+@pytest.mark.parametrize("acks", [0, 1, "all"])
+def test_every_acks_setting_stores_everything_in_order(broker: BrokerProcess, acks: int | str) -> None:
+    """acks=0 gets no response at all (as in Kafka), 1 and all an answer after the append;
+    each stores every record once, in order."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    topic = f"acks-{acks}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks=acks, linger_ms=2, request_timeout_ms=10_000)
+    futures = [producer.send(topic, value=b"%d" % i) for i in range(300)]
+    producer.flush(10)
+    offsets = [f.get(timeout=10).offset for f in futures]
+    producer.close()
+    if acks != 0:  # with acks=0 the client never hears an offset (kafka-python guesses one)
+        assert offsets == list(range(300))
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000
+    )
+    got = [(m.offset, m.value) for m in consumer]
+    consumer.close()
+    assert got == [(i, b"%d" % i) for i in range(300)]

@@ -1,0 +1,119 @@
+"""Fetch as consumers use it: an offset out of range reset by auto.offset.reset, records
+larger than the fetch limits (KIP-74: at least one batch), and a waiting fetch
+completed by a produce at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests._broker import BrokerProcess
+
+from ._kafka import read_partition
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, **config})
+    for value in values:
+        producer.produce(topic, value=value)
+    assert producer.flush(15) == 0
+
+
+def _consumer(bootstrap: str, **config: object) -> object:
+    from confluent_kafka import Consumer
+
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": "fetch", "enable.auto.commit": False, **config})
+
+
+def _poll(consumer: object, count: int, timeout_s: float = 15.0) -> list[object]:
+    got: list[object] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        m = consumer.poll(0.2)  # type: ignore[attr-defined]
+        if m is not None:
+            assert m.error() is None, m.error()
+            got.append(m)
+    return got
+
+
+@pytest.mark.parametrize(("reset", "first"), [("earliest", 0), ("latest", 10)])
+def test_an_offset_out_of_range_is_reset(broker: BrokerProcess, reset: str, first: int) -> None:
+    from confluent_kafka import TopicPartition
+
+    _produce(broker.bootstrap, "range", [b"%d" % i for i in range(10)])
+    consumer = _consumer(broker.bootstrap, **{"auto.offset.reset": reset})
+    try:
+        consumer.assign([TopicPartition("range", 0, 1000)])  # type: ignore[attr-defined]
+        if reset == "latest":
+            time.sleep(1.0)  # let it reset to the end before there is more
+            _produce(broker.bootstrap, "range", [b"10"])
+        got = _poll(consumer, 1)
+        assert [(m.offset(), m.value()) for m in got] == [(first, b"%d" % first)]  # type: ignore[attr-defined]
+    finally:
+        consumer.close()  # type: ignore[attr-defined]
+
+
+def test_records_larger_than_the_fetch_limits_are_still_served(broker: BrokerProcess) -> None:
+    big = [bytes([65 + i]) * 200_000 for i in range(5)]
+    _produce(broker.bootstrap, "big", big, **{"linger.ms": 0, "batch.size": 1_000_000})
+    consumer = _consumer(
+        broker.bootstrap,
+        **{
+            "fetch.max.bytes": 1024,
+            "max.partition.fetch.bytes": 1024,
+            "receive.message.max.bytes": 10_000_000,
+            "message.max.bytes": 1000,
+        },
+    )
+    try:
+        from confluent_kafka import TopicPartition
+
+        consumer.assign([TopicPartition("big", 0, 0)])  # type: ignore[attr-defined]
+        got = _poll(consumer, 5)
+        assert [(m.offset(), m.value()) for m in got] == list(enumerate(big))  # type: ignore[attr-defined]
+    finally:
+        consumer.close()  # type: ignore[attr-defined]
+
+
+def test_a_waiting_fetch_is_completed_by_a_produce_at_once(broker: BrokerProcess) -> None:
+    """kafka-python's consumer waits up to fetch_max_wait_ms=5000 for data; a record
+    produced meanwhile reaches it well before that."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    producer.send("wake", b"first").get(10)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, fetch_max_wait_ms=5000, enable_auto_commit=False)
+    try:
+        tp = TopicPartition("wake", 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        assert [m.value for m in consumer.poll(5000, max_records=1).get(tp, [])] == [b"first"]
+        latencies: list[float] = []
+        for i in range(3):
+            sent_at: list[float] = []
+
+            def send_later(i: int = i, sent_at: list[float] = sent_at) -> None:
+                time.sleep(0.5)  # the consumer's fetch is waiting by now
+                sent_at.append(time.monotonic())
+                producer.send("wake", b"late-%d" % i).get(10)
+
+            sender = threading.Thread(target=send_later)
+            sender.start()
+            got: list[bytes] = []
+            deadline = time.monotonic() + 10
+            while not got and time.monotonic() < deadline:
+                got = [m.value for m in consumer.poll(200).get(tp, [])]
+            latencies.append(time.monotonic() - sent_at[0])
+            sender.join()
+            assert got == [b"late-%d" % i]
+        assert max(latencies) < 1.5, f"a produce should complete a waiting fetch at once: {latencies}"
+    finally:
+        consumer.close()
+        producer.close(5)
+    assert [m.value() for m in read_partition(broker.bootstrap, "wake", 0, 4)][-1] == b"late-2"
