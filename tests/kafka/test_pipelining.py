@@ -7,8 +7,6 @@ import io
 import socket
 import struct
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -18,15 +16,6 @@ from luxun.kafka import protocol as P
 from tests._broker import BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def batch(n: int, size: int) -> bytes:
