@@ -17,6 +17,7 @@ Thread-safety: ``start``/``stop`` from the main thread; connections run in their
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
@@ -109,12 +110,16 @@ class KafkaServer(TcpServer):
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
         held = [0, 0]  # input budget held: [the frame being read, the read-ahead buffer]
+        pending: list[Any] = []  # responses not sent yet
         try:
-            self._serve_frames(sock, peer, held)
+            self._serve_frames(sock, peer, held, pending)
         finally:
             self._budget.give(held[0] + held[1])
+            if pending:  # answered before the connection closes (a bad frame came next)
+                with contextlib.suppress(OSError):
+                    _send(sock, pending)
 
-    def _serve_frames(self, sock: socket.socket, peer: Any, held: list[int]) -> None:
+    def _serve_frames(self, sock: socket.socket, peer: Any, held: list[int], pending: list[Any]) -> None:
         """Read frames ahead (up to _READ_AHEAD bytes a recv, that much taken from the
         input budget while a connection is busy; _UNBUDGETED without it), so pipelined
         requests cost one recv between them, not two. Produce responses whose next
@@ -125,7 +130,6 @@ class KafkaServer(TcpServer):
         max_frame = self.max_frame_bytes
         budget = self._budget
         buf, pos = b"", 0
-        pending: list[Any] = []
         pending_bytes = 0
         while not self._stopping.is_set():
             avail = len(buf) - pos
@@ -143,7 +147,8 @@ class KafkaServer(TcpServer):
             if avail < 4 or avail - 4 < size:  # need more bytes: answer what is pending first
                 if pending:
                     _send(sock, pending)
-                    pending, pending_bytes = [], 0
+                    pending.clear()
+                    pending_bytes = 0
                 rest = buf[pos:]
                 if not rest and held[1] and budget.tight:  # idle and others need it: give it back
                     budget.give(held[1])
@@ -173,7 +178,8 @@ class KafkaServer(TcpServer):
             produce = frame[:2] == b"\0\0"
             if pending and not produce:
                 _send(sock, pending)
-                pending, pending_bytes = [], 0
+                pending.clear()
+                pending_bytes = 0
             # Another produce request already here: keep this answer to send with the next.
             nxt = len(buf) - pos
             later = (
@@ -189,7 +195,8 @@ class KafkaServer(TcpServer):
             pending_bytes += out
             if not later and pending:
                 _send(sock, pending)
-                pending, pending_bytes = [], 0
+                pending.clear()
+                pending_bytes = 0
 
     def _handle(self, sock: socket.socket, peer: Any, frame: bytes, pending: list[Any] | None) -> int | None:
         """Answer ``frame``: the response is appended to ``pending`` (if given) or sent.

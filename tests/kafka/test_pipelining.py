@@ -98,3 +98,15 @@ def test_pipelined_requests_of_every_size_are_answered_in_order(broker: BrokerPr
     got = [produce_answer(a, 9 if i % 2 else 3) for a, i in zip(produced, [i for i in ids if i != 1000], strict=True)]
     assert [e for _, e, _ in got] == [0] * 120
     assert [o for _, _, o in got] == expected_offsets + [offset + o for o in expected_offsets]
+
+
+def test_requests_before_a_bad_frame_are_answered_before_the_connection_closes(broker: BrokerProcess) -> None:
+    host, port = broker.bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request(3, 4, 99, topics=[{"name": "pipe"}], allow_auto_topic_creation=True))
+        read_response(sock)
+        # Two produces, then a frame of size 0 that looks like a third one to a quick glance.
+        sock.sendall(produce(1, batch(2, 100)) + produce(2, batch(2, 100)) + b"\0" * 6)
+        answers = [produce_answer(read_response(sock)) for _ in range(2)]
+        assert sock.recv(1) == b""  # then the connection closes
+    assert answers == [(1, 0, 0), (2, 0, 2)]
