@@ -100,7 +100,7 @@ from .errors import (
     TopicIsEmpty,
     TopicNotExist,
 )
-from .kafka import KIND_KAFKA_BATCH
+from .kafka import KIND_KAFKA_BATCH, partition_of
 from .logs import RateLimitedLog
 from .metrics import Metrics
 from .topics import Topic, TopicAutoCreateDisabledError, TopicLimitError, TopicManager, is_fd_exhaustion
@@ -606,6 +606,11 @@ class QueueHandler:
             else:
                 validate_name(name, what="topic")
                 self.topics.delete(name)
+                # A Kafka topic's partitions p > 0 (luxun topics "<name>~p") go with it.
+                for other in self.topics.names():
+                    topic, partition = partition_of(other)
+                    if partition and topic == name:
+                        self.topics.delete(other)
                 result = _OK
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()

@@ -114,3 +114,27 @@ def test_metadata_names_the_advertised_listener(tmp_path: Path) -> None:
         assert [m.value() for m in read_partition(broker.bootstrap, "advertised", 0, 1)] == [b"via localhost"]
     finally:
         broker.stop()
+
+
+def test_thrift_delete_topic_takes_the_kafka_partitions_with_it(broker: BrokerProcess) -> None:
+    """A Thrift deleteTopic of a 3-partition Kafka topic deletes T~1 and T~2 too (they would
+    otherwise stay behind with no topic to belong to); other topics are untouched."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from idl import luxun_thrift as T
+    from tests._broker import PASSWORD
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("gone", 3, 1), NewTopic("gone2", 2, 1)]).values():
+        future.result(15)
+    client = broker.client()
+    try:
+        names = {t.name for t in client.listTopics(T.ListTopicsRequest()).topics}
+        assert {"gone", "gone~1", "gone~2", "gone2", "gone2~1"} <= names
+        r = client.deleteTopic(T.DeleteTopicRequest(topic="gone", password=PASSWORD))
+        assert r.result.resultCode == T.ResultCode.SUCCESS, r.result
+        names = {t.name for t in client.listTopics(T.ListTopicsRequest()).topics}
+    finally:
+        client.close()
+    assert not {"gone", "gone~1", "gone~2"} & names
+    assert {"gone2", "gone2~1"} <= names
