@@ -89,6 +89,35 @@ class Recovery(NamedTuple):
         return self.head_before - self.head_after
 
 
+def _slice_run(
+    mm: mmap.mmap, offsets: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any], page_size: int, out: list[bytes]
+) -> None:
+    """Append to ``out`` the items at ``offsets`` / ``lengths`` (int64, at least one)
+    of mapping ``mm``, a data page of ``page_size`` bytes (see
+    :meth:`BigArray._slice_items`). A closed mapping raises ValueError."""
+    m = len(offsets)
+    first = int(offsets[0])
+    size = int(lengths[0])
+    if (
+        m > 1
+        and size > 0
+        and first >= 0
+        and first + m * size <= page_size
+        and bool((lengths == size).all())
+        and bool((np.diff(offsets) == size).all())
+    ):
+        view = np.frombuffer(mm, dtype=np.dtype((np.void, size)), count=m, offset=first)
+        try:
+            out.extend(view.tolist())
+        finally:
+            del view  # no export of the mapping left behind: it can be closed
+        return
+    end = int(offsets[-1] + lengths[-1])
+    blob = mm[first:end]
+    starts = offsets - first
+    out.extend([blob[x:y] for x, y in zip(starts.tolist(), (starts + lengths).tolist(), strict=True)])
+
+
 def _no_page() -> MappedPage:
     """A stand-in for "no page yet" in the readers' last-page slots: its number matches
     no index or data page and its (closed) mapping raises ValueError when used."""
@@ -878,10 +907,28 @@ class BigArray:
         lengths: np.ndarray[Any, Any],
         out: list[bytes],
     ) -> None:
-        """Append the items described by index fields to ``out``: one copy per data
-        page, then one ``bytes`` per item."""
-        for blob, starts, lens in self._page_runs(pages, offsets, lengths):
-            out.extend([blob[x:y] for x, y in zip(starts.tolist(), (starts + lens).tolist(), strict=True)])
+        """Append the items described by index fields to ``out``, one ``bytes`` each.
+
+        A run of items of one length laid out back to back on a data page (what
+        append_many writes for items of one size) is cut straight from the mapping in
+        one numpy pass (void items ``tolist`` as ``bytes``): no Python step per item and
+        no copy of the run first. That copy doubled what a read allocates: at 1 KB items
+        glibc then handed the heap back after each call and faulted it in again on the
+        next (225 k page faults for 400 k items, 1.5 us of system time per item). Other
+        runs are copied once, then sliced: copying many small pieces straight from the
+        mapping with a Python step between them is slower (324 against 240 ns per 1 KB
+        item: the bulk copy streams, the slices then come from the cache).
+        """
+        n = len(pages)
+        if n == 0:
+            return
+        cuts = (np.flatnonzero(pages[1:] != pages[:-1]) + 1).tolist() if pages[0] != pages[-1] else []
+        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+            dpage = self._data.acquire(int(pages[a]))  # FileNotFoundError: see _reading
+            try:
+                _slice_run(dpage.mm, offsets[a:b], lengths[a:b], self.data_page_size, out)
+            finally:
+                self._data.release(dpage)
 
     def _join_items(
         self,
