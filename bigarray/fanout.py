@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import format as fmt
-from .array import BigArray
+from .array import _BE_I64, _PAGE_BITS, _SLOT_BITS, _SLOT_MASK, BigArray, _unpack_item_place
 from .errors import ArrayClosedError, BigArrayError, IndexOutOfRangeError
 from .names import validate_name
 from .page import MappedPage, PageFactory
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 _I64 = struct.Struct(">q")
 #: The committed page: index, record offset + 1 (0: none).
 _COMMITTED = struct.Struct(">qq")
-_pack_i64 = _I64.pack_into
 _R = TypeVar("_R", list[bytes], tuple[np.ndarray[Any, Any], bytes])
 
 #: Seconds between automatic clean-ups, when enabled.
@@ -72,6 +71,7 @@ class _Group:
     its page (written by :meth:`move`)."""
 
     __slots__ = (
+        "cell",
         "cfactory",
         "closed",
         "cmm",
@@ -92,6 +92,9 @@ class _Group:
         self.factory = PageFactory(folder, fmt.FRONT_PAGE_SIZE, max_cached_pages=1)
         self.page: MappedPage = self.factory.acquire(0, create=True)
         self.mm = self.page.mm  # referenced until close, so never unmapped before
+        #: The position in the page as a ctypes big-endian int64 over the mapping: a
+        #: store costs a third of struct.pack_into (see bigarray.array._BE_I64).
+        self.cell = _BE_I64.from_buffer(self.mm, 0)
         #: The next index the group reads: what its page holds (the only writer is us).
         self.index: int = _I64.unpack_from(self.mm, 0)[0]
         #: The committed index (None: the group never committed) and its page.
@@ -123,11 +126,12 @@ class _Group:
     def move(self, index: int) -> None:
         """Set the group's position and save it in its page (the mmap write is the
         persistence: it survives a process crash once it returns)."""
-        _pack_i64(self.mm, 0, index)
+        self.cell.value = index
         self.index = index
 
     def close(self) -> None:
         self.closed = True
+        self.cell = _BE_I64()  # no export of the page left: it can be unmapped
         self.factory.close()
         if self.cfactory is not None:
             self.cfactory.close()
@@ -286,8 +290,10 @@ class FanoutQueue:
 
         The group's new position is saved before the item is returned.
         """
-        # Fast path: a known group, and an item in [tail, head). (The lock is taken
-        # without ``with``, which costs twice as much here: 140 ns against 66.)
+        # Fast path: a known group, and an item in [tail, head), read as BigArray.get's
+        # own fast path does (inlined: a call costs about a sixth of a dequeue). (The
+        # lock is taken without ``with``, which costs twice as much here: 140 ns
+        # against 66.)
         g = self._groups.get(group)
         if g is None:
             return self._dequeue_slowly(group)
@@ -303,12 +309,23 @@ class FanoutQueue:
                 index = g.index
                 if index >= array._head:
                     return None
-                try:
-                    item = array.get(index)
-                except IndexOutOfRangeError:
-                    item = None  # below tail: retention overtook the group
-                else:
-                    _pack_i64(g.mm, 0, index + 1)  # g.move(index + 1), inlined
+                item = None
+                ipage = array._read_index_page
+                if ipage.page_no == index >> _PAGE_BITS and array._tail <= index:
+                    try:
+                        page_no, off, length = _unpack_item_place(ipage.mm, (index & _SLOT_MASK) << _SLOT_BITS)
+                        dpage = array._read_data_page
+                        if dpage.page_no == page_no:
+                            item = dpage.mm[off : off + length]
+                    except ValueError:
+                        pass  # a page unmapped meanwhile: get() maps it again
+                if item is None:
+                    try:
+                        item = array.get(index)
+                    except IndexOutOfRangeError:
+                        item = None  # below tail: retention overtook the group
+                if item is not None:
+                    g.cell.value = index + 1  # g.move(index + 1), inlined
                     g.index = index + 1
         finally:
             lock.release()

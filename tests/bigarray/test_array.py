@@ -247,6 +247,32 @@ def test_read_range_max_bytes_across_read_chunks(tmp_path):
         assert arr.read_range(0, max_items=35_000, max_bytes=1 << 30) == items[:35_000]
 
 
+def test_read_range_items_of_one_length_wherever_they_lie(tmp_path):
+    """read_range cuts a run of equal-length items laid out back to back in one pass;
+    equal-length items laid out otherwise (across data pages, out of order, with gaps:
+    what another writer's index may say) are read one by one, each from where its
+    index item points; empty items stay empty."""
+    items = [bytes([65 + i]) * 1000 for i in range(9)]  # 4 per 4096-byte data page
+    with open_array(tmp_path / "a") as arr:
+        arr.append_many(items)
+        arr.append_many([b""] * 3)
+        assert arr.read_range(0) == items + [b""] * 3
+        assert arr.read_range(1, max_items=6) == items[1:7]
+        assert arr.read_range(9) == [b""] * 3
+        assert [x for i in range(12) for x in arr.read_range(i, max_items=1)] == items + [b""] * 3
+
+        def point(index: int, offset: int) -> None:  # set the data offset of an index item
+            with open(tmp_path / "a" / "index" / "page-0.dat", "r+b") as f:
+                f.seek(index * 32 + 8)
+                f.write(offset.to_bytes(4, "big"))
+
+        point(1, 2000)
+        point(2, 1000)  # items 1 and 2 swapped: not in order
+        assert arr.read_range(0, max_items=4) == [items[0], items[2], items[1], items[3]]
+        point(2, 3000)  # a gap between items 0 and 1, item 2 where item 3 is
+        assert arr.read_range(0, max_items=5) == [items[0], items[2], items[3], items[3], items[4]]
+
+
 # -- metadata of items ----------------------------------------------------------------
 def test_item_length_and_timestamp(tmp_path, clock: FakeClock):
     with open_array(tmp_path / "a", clock=clock) as arr:

@@ -141,6 +141,40 @@ def test_next_page_read_ahead_reserves_only_its_first_step(tmp_path):
         assert blocks(page1) == 64 * KIB
 
 
+def wait_for_blocks(path, timeout_s: float = 10.0) -> int:
+    """Allocated bytes of ``path`` once the read-ahead thread has created and reserved it."""
+    deadline = time.monotonic() + timeout_s
+    while not (os.path.exists(path) and blocks(path)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return blocks(path) if os.path.exists(path) else -1
+
+
+def test_appends_one_by_one_read_the_next_pages_ahead(tmp_path):
+    """append's inlined path stops where the next page is to be read ahead: one by
+    one, the item that takes the writer past an eighth of its data page creates the
+    next data page, and the item at the middle slot of an index page the next index
+    page, each with only its first step reserved, as append_many does. (A step of
+    12 KiB: reservations of 64 KiB or of doubling sizes would end exactly at both
+    points, which takes every writer through its general path there anyway.)"""
+    path = tmp_path / "a"
+    with BigArray(path, data_page_size=4 * MIB, reserve_step=12 * KIB) as arr:
+        for i in range(524):  # 524 000 bytes: not past an eighth of the page (524 288)
+            arr.append(make_item(i, 1000))
+        time.sleep(0.2)
+        assert not os.path.exists(path / "data" / "page-1.dat")
+        arr.append(make_item(524, 1000))
+        assert wait_for_blocks(path / "data" / "page-1.dat") == 12 * KIB
+        half = fmt.INDEX_ITEMS_PER_PAGE // 2
+        for _ in range(half - arr.head):
+            arr.append(b"")
+        time.sleep(0.2)
+        assert not os.path.exists(path / "index" / "page-1.dat")
+        arr.append(b"")  # index item in the middle slot of index page 0
+        assert wait_for_blocks(path / "index" / "page-1.dat") == 12 * KIB
+        assert arr.head == half + 1
+        assert [item_index(x) for x in arr.read_range(0, max_items=525)] == list(range(525))
+
+
 @pytest.mark.parametrize("step", [0, 1000, 4096 + 1])
 def test_reserve_step_must_be_a_multiple_of_4096(tmp_path, step):
     with pytest.raises(ValueError, match="reserve_step"):
