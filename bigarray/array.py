@@ -672,14 +672,7 @@ class BigArray:
         Raises:
             IndexOutOfRangeError: ``index`` is outside [tail, head).
         """
-        self._check_open()
-        tail, head = self._tail, self._head
-        if not tail <= index < head:
-            raise IndexOutOfRangeError(index, tail, head)
-        try:
-            return self._first_offset(index)
-        except FileNotFoundError:
-            raise IndexOutOfRangeError(index, self._tail, self._head) from None
+        return self._read_checked(index, self._first_offset)
 
     def item_kind(self, index: int) -> int:
         """The kind (0..255) the item at ``index`` was appended with.
@@ -773,11 +766,16 @@ class BigArray:
 
     def _readable_aux(self, index: int) -> int:
         """aux of a readable index (in [tail, head))."""
+        return self._read_checked(index, self._aux)
+
+    def _read_checked(self, index: int, read: Callable[[int], int]) -> int:
+        """``read(index)`` for an index in [tail, head) of an open array; a page
+        retention deleted meanwhile is an index out of range."""
         self._check_open()
         if not self._tail <= index < self._head:
             raise IndexOutOfRangeError(index, self._tail, self._head)
         try:
-            return self._aux(index)
+            return read(index)
         except FileNotFoundError:
             raise IndexOutOfRangeError(index, self._tail, self._head) from None
 
