@@ -42,10 +42,10 @@ from typing import Any, Final
 from bigarray import ArrayClosedError, DiskFullError, InvalidNameError, ItemTooLargeError
 
 from ..topics import Topic, TopicLimitError, TopicManager
-from . import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
+from . import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_topic
 from . import records as rec
 
-__all__ = ["FetchResult", "KafkaLog", "ProduceResult", "TopicInfo", "legal_topic_name", "visible_topic"]
+__all__ = ["FetchResult", "KafkaLog", "ProduceResult", "TopicInfo", "legal_topic_name"]
 
 log = logging.getLogger(__name__)
 
@@ -517,8 +517,3 @@ class KafkaLog:
         finally:
             for part in watched:
                 part.unwatch(event)
-
-
-def visible_topic(name: str) -> bool:
-    """Whether luxun topic ``name`` is a Kafka topic (not a partition p > 0)."""
-    return partition_of(name)[1] == 0 and legal_topic_name(name) is None
