@@ -690,29 +690,11 @@ class BigArray:
         Raises:
             IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
         """
-        self._check_open()
         if count <= 0:
+            self._check_open()
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8)
-        if start < self._tail or start + count > self._head:
-            raise IndexOutOfRangeError(start if start < self._tail else start + count - 1, self._tail, self._head)
-        parts: list[np.ndarray[Any, Any]] = []
-        idx, end = start, start + count
-        try:
-            while idx < end:
-                slot = fmt.index_slot(idx)
-                m = min(end - idx, fmt.slots_left_in_page(idx))
-                ipage = self._index.acquire(fmt.index_page_of(idx))
-                try:
-                    if ipage.view is None:  # unmapped by close() in another thread
-                        raise self._closed_error()
-                    parts.append(ipage.view[slot : slot + m]["aux"].astype(np.uint64))
-                finally:
-                    self._index.release(ipage)
-                idx += m
-        except FileNotFoundError:
-            raise IndexOutOfRangeError(start, self._tail, self._head) from None
-        aux = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        plain = np.arange(start + 1, end + 1, dtype=np.int64)
+        aux = self._index_column(start, count, "aux").astype(np.uint64)
+        plain = np.arange(start + 1, start + count + 1, dtype=np.int64)
         ends = np.where(aux == 0, plain, (aux & np.uint64(fmt.OFFSET_MASK)).astype(np.int64))
         kinds = (aux >> np.uint64(fmt.OFFSET_BITS)).astype(np.uint8)
         return ends, kinds
@@ -812,12 +794,23 @@ class BigArray:
         Raises:
             IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
         """
-        self._check_open()
         if count <= 0:
+            self._check_open()
             return []
+        out: list[int] = self._index_column(start, count, "timestamp").tolist()
+        return out
+
+    def _index_column(self, start: int, count: int, field: str) -> np.ndarray[Any, Any]:
+        """One field of the ``count`` (> 0) index items from ``start``, copied out of the
+        index pages (one numpy slice per page).
+
+        Raises:
+            IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
+        """
+        self._check_open()
         if start < self._tail or start + count > self._head:
             raise IndexOutOfRangeError(start if start < self._tail else start + count - 1, self._tail, self._head)
-        out: list[int] = []
+        parts: list[np.ndarray[Any, Any]] = []
         idx, end = start, start + count
         try:
             while idx < end:
@@ -827,13 +820,13 @@ class BigArray:
                 try:
                     if ipage.view is None:  # unmapped by close() in another thread
                         raise self._closed_error()
-                    out.extend(ipage.view[slot : slot + m]["timestamp"].tolist())
+                    parts.append(ipage.view[slot : slot + m][field].copy())
                 finally:
                     self._index.release(ipage)
                 idx += m
         except FileNotFoundError:
             raise IndexOutOfRangeError(start, self._tail, self._head) from None
-        return out
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def read_range(self, start: int, *, max_items: int | None = None, max_bytes: int | None = None) -> list[bytes]:
         """Read consecutive items from ``start``.
