@@ -39,6 +39,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
+
 from bigarray import ArrayClosedError, DiskFullError, InvalidNameError, ItemTooLargeError
 
 from ..topics import Topic, TopicLimitError, TopicManager
@@ -397,14 +399,6 @@ class KafkaLog:
             log.warning("could not rebuild producer sequences of %s", array.path, exc_info=True)
 
     # -- reading -----------------------------------------------------------------------
-    def offsets(self, topic: str, partition: int) -> tuple[int, int, int] | None:
-        """``(log start offset, high watermark, error)`` of a partition."""
-        part = self._partition(topic, partition)
-        if part is None:
-            return None
-        array = part.queue.array
-        return array.log_start_offset, array.next_offset, NONE
-
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
         """Record batches from ``offset`` on, about ``max_bytes`` (at least one batch)."""
         for _attempt in range(3):
@@ -441,12 +435,9 @@ class KafkaLog:
         count = len(lengths)
         if count and not (kinds != KIND_KAFKA_BATCH).any():
             out = bytearray(blob)
-            pos = 0
-            base = first
-            for i in range(count):
-                _I64.pack_into(out, pos, base)
-                pos += int(lengths[i])
-                base = int(ends[i])
+            starts = np.cumsum(lengths) - lengths
+            bases = np.concatenate(([first], ends[:-1]))
+            rec.patch_base_offsets(out, starts, bases)
             return out  # sent as it is: no copy into bytes
         # Mixed: Thrift-written items become batches of their own records.
         parts: list[bytes] = []
