@@ -8,10 +8,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TCyFramedTransportFactory
@@ -84,14 +85,7 @@ class BrokerProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
+        return stop_process(self.proc, sig, timeout_s)
 
     def client(self, timeout_ms: int | None = 10_000) -> Any:
         return make_client(
@@ -102,3 +96,36 @@ class BrokerProcess:
             trans_factory=TCyFramedTransportFactory(),
             timeout=timeout_ms,
         )
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int, timeout_s: float) -> int:
+    """Send ``sig`` unless ``proc`` has exited; SIGKILL it after ``timeout_s``; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+
+def address(broker: BrokerProcess) -> str:
+    """``host:port`` of a broker's QueueService."""
+    return f"127.0.0.1:{broker.port}"
+
+
+@pytest.fixture
+def brokers(tmp_path: Path) -> Iterator[Callable[[int], list[BrokerProcess]]]:
+    """``brokers(n)`` starts n brokers with separate data dirs; all are stopped at the end."""
+    started: list[BrokerProcess] = []
+
+    def start(n: int = 1) -> list[BrokerProcess]:
+        for _ in range(n):
+            i = len(started)
+            started.append(BrokerProcess(tmp_path / f"data-{i}", tmp_path / f"broker-{i}.log").start())
+        return started[-n:]
+
+    yield start
+    for broker in started:
+        broker.stop()

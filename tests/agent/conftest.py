@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from clients.consumer import SimpleConsumer
-from tests._broker import BrokerProcess, free_port
+from tests._broker import BrokerProcess, address, brokers, free_port, stop_process  # noqa: F401 (brokers: the shared fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,30 +54,11 @@ def dory() -> Path:
     return out
 
 
-@pytest.fixture
-def brokers(tmp_path: Path) -> Iterator[Callable[[int], list[BrokerProcess]]]:
-    started: list[BrokerProcess] = []
-
-    def start(n: int = 1) -> list[BrokerProcess]:
-        for _ in range(n):
-            i = len(started)
-            started.append(BrokerProcess(tmp_path / f"data-{i}", tmp_path / f"broker-{i}.log").start())
-        return started[-n:]
-
-    yield start
-    for broker in started:
-        broker.stop()
-
-
-def address(broker: BrokerProcess) -> str:
-    return f"127.0.0.1:{broker.port}"
-
-
 class AgentProcess:
     """``python -m luxun.cli agent`` with all three inputs, in a short temp folder
     (UNIX socket paths are limited to 107 bytes)."""
 
-    def __init__(self, brokers: list[str], *extra: str, config: str | None = None) -> None:
+    def __init__(self, broker_addresses: list[str], *extra: str, config: str | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="lxa-"))
         self.dgram = str(self.dir / "dg")
         self.stream = str(self.dir / "st")
@@ -86,7 +67,7 @@ class AgentProcess:
         self.log_path = self.dir / "agent.log"
         self.cmd = [sys.executable, "-m", "luxun.cli", "agent", "--dgram", self.dgram, "--stream", self.stream,
                     "--tcp-port", "0", "--status-port", str(self.status_port), *extra]  # fmt: skip
-        for b in brokers:
+        for b in broker_addresses:
             self.cmd += ["--broker", b]
         if config is not None:
             path = self.dir / "dory.xml"
@@ -134,14 +115,7 @@ class AgentProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
+        return stop_process(self.proc, sig, timeout_s)
 
     def summary(self) -> dict[str, Any]:
         m = re.search(r"agent stopped: (\{.*\})", self.log())
@@ -153,8 +127,8 @@ class AgentProcess:
 def agents() -> Iterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []
 
-    def start(brokers: list[str], *extra: str, config: str | None = None) -> AgentProcess:
-        a = AgentProcess(brokers, *extra, config=config).start()
+    def start(broker_addresses: list[str], *extra: str, config: str | None = None) -> AgentProcess:
+        a = AgentProcess(broker_addresses, *extra, config=config).start()
         started.append(a)
         return a
 
