@@ -19,7 +19,11 @@ Produce calls take a hand-written path (:mod:`luxun.wire`): a ``produce`` or
 instead of about 6 us for checking plus decoding), and the asyncProduce frames
 found together in the buffer for one topic are appended with one ``enqueue_many``
 (flushed before any other call on the connection, so calls still take effect in
-the order they were sent). Anything else takes the generic checked path.
+the order they were sent). A ``consume`` in its canonical layout is parsed by hand
+too; one that takes a single item and succeeds at once (``QueueHandler.consume_single``:
+by group or by index, no fetch size, no extension) is answered with one ``join`` and no
+request or response struct (in process, about 22 k instead of 47 k instructions per call).
+Anything else takes the generic checked path.
 
 Bounded input: a connection's receive buffer starts at 4 KiB and grows as bytes
 arrive (doubling, up to the frame being received), never to the size a header
@@ -64,6 +68,7 @@ from .errors import LuxunError
 from .logs import RateLimitedLog
 from .metrics import Metrics
 from .wire import (
+    consume_one_reply_frame,
     encode_consume_reply,
     encode_consume_reply_parts,
     missing_required_field,
@@ -530,6 +535,7 @@ class ThriftServer(TcpServer):
         consume_for_wire = self._consume_for_wire
         consume_request = self._consume_request
         fast_consume = consume_for_wire is not None and consume_request is not None
+        consume_single = getattr(handler, "consume_single", None) if fast_consume else None
         budget = self._budget
         busy, me = self._busy, threading.get_ident()
         batch = AsyncProduceBatch(handler)
@@ -568,6 +574,11 @@ class ThriftServer(TcpServer):
                 if consume is not None:  # consume: decoded by hand, answered with the wire encoder
                     start += 4 + size
                     seqid, fields = consume
+                    one = consume_single(fields) if consume_single is not None else None
+                    if one is not None:  # one item at once: no request or response struct
+                        sock.sendall(consume_one_reply_frame(seqid, *one))
+                        del consume, fields, one  # not held while this thread waits in send or recv
+                        continue
                     response = consume_for_wire(consume_request(**fields))
                     self._send_parts(sock, encode_consume_reply_parts(seqid, response))
                     del consume, fields, response  # not held while this thread waits in send or recv

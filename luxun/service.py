@@ -126,6 +126,8 @@ _WARN_EVERY_S = 10.0
 GROUP_LEASE_S = 5.0
 
 _OK = T.Result(resultCode=SUCCESS)
+#: The ConsumeRequest fields QueueHandler.consume_single serves (others: the general path).
+_SINGLE_FIELDS: Final = frozenset({"topic", "fanoutId", "startIndex", "maxFetchSize", "maxWaitMs"})
 
 # A Kafka record batch's header size and where its magic is (luxun.kafka.records).
 _BATCH_HEADER_SIZE: Final = 61
@@ -360,6 +362,50 @@ class QueueHandler:
             response = T.ConsumeResponse(result=self._internal(exc), lastConsumedIndex=0)
         self.metrics.observe("consume", time.perf_counter() - t0, response.result.errorCode)
         return response
+
+    def consume_single(self, fields: dict[str, Any]) -> tuple[bytes, int] | None:
+        """The common one-item ``consume`` without building request and response
+        structs: ``(item, lastConsumedIndex)`` when the call succeeds at once (an open
+        topic; by group, an item for the group; by index, ``startIndex`` in [tail,
+        head)), else None, and nothing was read or moved: then :meth:`consume_for_wire`
+        answers it (errors, long polls, fetches, the extensions).
+
+        ``fields``: the request's fields as :func:`luxun.wire.parse_consume_call` gives
+        them. The reply is :meth:`consume_for_wire`'s for the same call, byte for byte,
+        and the call is counted in the same metrics.
+        """
+        if not fields.keys() <= _SINGLE_FIELDS or (fields.get("maxFetchSize") or 0) > 0:
+            return None  # a fetch, or withTimestamps: the general path
+        t0 = time.perf_counter()
+        name = fields["topic"]
+        topic = self.topics.get(name)
+        if topic is None:
+            return None
+        queue = topic.queue
+        group = fields.get("fanoutId")
+        if group:
+            try:
+                item = queue.dequeue(group)
+            except Exception:  # an invalid or committed group, a closed queue: nothing moved
+                return None
+            if item is None:
+                return None
+            last = 0
+        else:
+            last = fields.get("startIndex") or 0
+            try:
+                item = queue.get(last)
+            except Exception:  # out of range, or closed: answered (or waited for) there
+                return None
+        if len(item) >= _BATCH_HEADER_SIZE and item[_BATCH_MAGIC_AT] == 2:  # maybe a Kafka batch
+            packs = self._batches_as_packs(name, queue, None if group else last, [item], group)
+            assert isinstance(packs, list)  # a list in, a list out
+            item = packs[0]
+        stats = topic.stats
+        stats.items_out += 1
+        stats.bytes_out += len(item)
+        self.metrics.observe("consume", time.perf_counter() - t0, None)
+        return item, last
 
     def _ready_check(self, request: Any) -> Any:
         group = request.fanoutId

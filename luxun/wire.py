@@ -171,6 +171,34 @@ def encode_consume_reply_parts(seqid: int, response: Any) -> list[Any]:
     return [b"".join(parts)]
 
 
+# A successful one-item consume reply around its item: length | header | seqid |
+# success { Result { 1: i32 0 } STOP, 2: list<binary> [size, item] ... then
+# 3: i64 lastConsumedIndex } STOP STOP.
+_CONSUME_ONE_HEAD = struct.Struct(f">i{len(_REPLY_HEADER)}si22si")
+_CONSUME_ONE_FIXED = _CONSUME_ONE_HEAD.size - 4 + 13  # the body without the item
+_CONSUME_ONE_TAIL = struct.Struct(">3sq2s")
+
+
+def consume_one_reply_frame(seqid: int, item: bytes, last_index: int) -> bytes:
+    """The framed reply (with its 4-byte length) of a successful ``consume`` that
+    returns the single ``item``: byte for byte what :func:`encode_consume_reply`
+    writes for ``ConsumeResponse(result=Result(0), itemList=[item],
+    lastConsumedIndex=last_index)``, in one join."""
+    return b"".join(
+        (
+            _CONSUME_ONE_HEAD.pack(
+                _CONSUME_ONE_FIXED + len(item),
+                _REPLY_HEADER,
+                seqid,
+                b"\x0c\x00\x00\x0c\x00\x01\x08\x00\x01\x00\x00\x00\x00\x00\x0f\x00\x02\x0b\x00\x00\x00\x01",
+                len(item),
+            ),
+            item,
+            _CONSUME_ONE_TAIL.pack(b"\x0a\x00\x03", last_index, b"\x00\x00"),
+        )
+    )
+
+
 def encode_produce_reply(seqid: int, result: Any, index: int) -> bytes:
     """The reply message of ``produce`` (without the frame length)::
 

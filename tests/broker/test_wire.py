@@ -18,6 +18,7 @@ from idl import luxun_thrift as T
 from luxun.server import ThriftServer
 from luxun.wire import (
     ItemBlob,
+    consume_one_reply_frame,
     encode_consume_reply,
     encode_produce_reply,
     parse_consume_call,
@@ -133,6 +134,15 @@ def test_encode_produce_reply_matches_thriftpy2(result: Any, seqid: int) -> None
         want = bytes(proto.trans.getvalue())
         assert encode_produce_reply(seqid, result, index) == want
         assert produce_reply_frame(seqid, result, index) == len(want).to_bytes(4, "big") + want
+
+
+@pytest.mark.parametrize("seqid", [0, 7, -(2**31), 2**31 - 1])
+@pytest.mark.parametrize("item", [b"", b"a", b"\x00" * 300, "é".encode(), bytes(range(256)) * 400])
+@pytest.mark.parametrize("last", [0, 5, 2**40, 2**63 - 1])
+def test_consume_one_reply_frame_matches_thriftpy2(seqid: int, item: bytes, last: int) -> None:
+    """The one-item reply of QueueHandler.consume_single, framed, as thriftpy2 writes it."""
+    body = reference(seqid, T.ConsumeResponse(result=T.Result(resultCode=0), itemList=[item], lastConsumedIndex=last))
+    assert consume_one_reply_frame(seqid, item, last) == len(body).to_bytes(4, "big") + body
 
 
 @pytest.mark.parametrize("item", [b"", b"\x00\xff" * 300, b"x" * 70_000])
