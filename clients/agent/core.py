@@ -45,7 +45,13 @@ no producer id or sequence a broker could deduplicate by, so this is documented,
 Counting: every message read is delivered or counted once as a discard; bytes left by a
 stream client that closed in the middle of a message are counted apart (unclean
 disconnects). At shutdown a batch still in a ``produce`` call when ``shutdownMaxDelay`` ran
-out is counted as a shutdown discard although the broker may have stored it.
+out is counted as a shutdown discard although the broker may have stored it. What senders
+already handed to the kernel is not dropped at shutdown: the inputs ``shutdown(SHUT_RD)``
+their sockets, so that later sends fail with EPIPE (datagrams, UNIX stream connections; a
+UNIX listener refuses connects), then read what is queued (datagrams, connections not yet
+accepted, each connection to its end) and hand it to the router like any message. TCP
+cannot refuse bytes: a connection is read until its queue is empty, then closed (see
+:meth:`Agent.stop`).
 
 Thread-safety: :meth:`Agent.start`, :meth:`Agent.stop` from one thread; the ``*_json``
 views from any thread.
@@ -56,12 +62,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import logging
 import os
 import select
 import socket
 import stat
 import struct
+import termios
 import threading
 import time
 import unicodedata
@@ -105,6 +113,9 @@ _HANDOVER_MESSAGES = 512
 #: The datagram input hands its messages to the router this long after it first found its
 #: socket empty with messages read, at the latest.
 _DGRAM_HANDOVER_S = 0.002
+#: At stop, the inputs read what the kernel had taken from senders for this long at most
+#: (only a TCP peer can keep adding to it: see Agent.stop).
+_INPUT_DRAIN_S = 2.0
 _I32 = struct.Struct(">i").pack
 #: Pool bytes of the messages queued for the router at most (and 1/8 of the pool).
 _TRANSIT_MAX_BYTES = 4 * 1024 * 1024
@@ -299,6 +310,14 @@ class _Intake:
             self.credit = 0
 
 
+def _bytes_queued(conn: socket.socket) -> int:
+    """Bytes waiting in a stream socket's receive queue (SIOCINQ), 0 when unknown."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
+    except (OSError, ValueError):
+        return 0
+
+
 def charge_of(f: Fields) -> int:
     """Pool bytes of a message: its Dory size plus MSG_OVERHEAD_BYTES."""
     return (28 if f[1] is None else 32) + len(f[0]) + len(f[3]) + len(f[4]) + MSG_OVERHEAD_BYTES
@@ -481,8 +500,11 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe()
         self._threads: list[threading.Thread] = []
         self._sockets: list[tuple[socket.socket, str | None]] = []
-        self._conns: set[socket.socket] = set()
+        #: open stream connections and their reader threads
+        self._conns: dict[socket.socket, threading.Thread] = {}
         self._conns_lock = threading.Lock()
+        self._conns_shut = False  # stop shut the connections down: a later one is at once
+        self._input_deadline = 0.0  # at stop: inputs stop reading what was queued then
         self.senders = [_Sender(self, i, a) for i, a in enumerate(config.brokers)]
         self._batches: dict[tuple[str, int], _Batch] = {}
         self._topics: dict[bytes, _TopicState | None] = {}
@@ -571,17 +593,34 @@ class Agent:
 
     def stop(self, max_delay_ms: int | None = None) -> dict[str, Any]:
         """Stop reading; deliver what is buffered within ``max_delay_ms`` (default
-        ``shutdownMaxDelay``); discard the rest (``shutdown``). Returns a summary."""
+        ``shutdownMaxDelay``); discard the rest (``shutdown``). Returns a summary.
+
+        What senders already handed to the kernel is read first, new data refused
+        (``shutdown(SHUT_RD)``, after which a sender's ``send`` fails with EPIPE): the
+        datagram socket's queue, the connections a listener had not accepted yet and every
+        connection's bytes up to its end (a message cut there is an unclean disconnect).
+        TCP cannot refuse: a peer's bytes are still taken after SHUT_RD, so a connection is
+        read until its queue is empty, then closed (later bytes are answered by a reset; a
+        sender that keeps its queue full is cut at _INPUT_DRAIN_S, the bytes still queued
+        then counted as an unclean disconnect). Messages read so are routed and delivered
+        within the delay like any other."""
         delay_s = (self.config.shutdown_max_delay_ms if max_delay_ms is None else max_delay_ms) / 1000
-        deadline = time.monotonic() + delay_s
+        now = time.monotonic()
+        deadline = now + delay_s
+        self._input_deadline = now + _INPUT_DRAIN_S
         self._stopping = True
         os.write(self._wake_w, b"x")
+        # The datagram reader and the listeners refuse new data, read what is queued, end.
         for t in self._threads:
-            t.join(2.0)
-        with self._conns_lock:
-            for c in list(self._conns):
-                with contextlib.suppress(OSError):
-                    c.shutdown(socket.SHUT_RDWR)
+            t.join(max(0.0, self._input_deadline - time.monotonic()) + 1.0)
+        with self._conns_lock:  # each reader reads its connection to the end, then closes it
+            self._conns_shut = True
+            conns = dict(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RD)
+        for t in conns.values():
+            t.join(max(0.0, self._input_deadline - time.monotonic()) + 1.0)
         self._close_sockets()
         self._draining = True
         self._wake_router.set()
@@ -688,8 +727,27 @@ class Agent:
                     break
                 for data in batch:
                     accept(data)
+            if self._stopping:
+                self._drain_datagrams(s, receive, accept)
         finally:
             intake.flush(idle=True)
+
+    def _drain_datagrams(self, s: socket.socket, receive: Callable[[], list[bytes]],
+                         accept: Callable[[bytes], None]) -> None:  # fmt: skip
+        """At stop: refuse new datagrams (after ``SHUT_RD`` a sender's ``send``/``sendto``
+        fails with EPIPE on Linux; one blocked on a full queue gets it when woken), then read
+        the ones the kernel queued (net.unix.max_dgram_qlen + 1 at most) like any other."""
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RD)
+        while time.monotonic() < self._input_deadline:
+            try:
+                batch = receive()
+            except OSError:  # BlockingIOError: nothing is left
+                return
+            if not batch:
+                return
+            for data in batch:
+                accept(data)
 
     def _accept_loop(self, s: socket.socket, transport: int) -> None:
         s.setblocking(False)
@@ -702,11 +760,34 @@ class Agent:
                 continue
             except OSError:
                 break
-            self.stats.incr(f"{_STREAM_PREFIX[transport]}AcceptConnection")
-            with self._conns_lock:
-                self._conns.add(conn)
-            threading.Thread(target=self._read_stream, args=(conn, transport), daemon=True,
-                             name=f"luxun-agent-{TRANSPORTS[transport]}-conn").start()  # fmt: skip
+            self._serve(conn, transport)
+        if not self._stopping:
+            return
+        # At stop: a client whose connect succeeded may have written already; its
+        # connection waits in the backlog. A UNIX listener refuses new ones after SHUT_RD
+        # (ECONNREFUSED) and still hands out those waiting; on TCP, SHUT_RD would reset
+        # them, so they are taken until none is left (one that comes after is reset by the close).
+        if transport == STREAM:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RD)
+        while time.monotonic() < self._input_deadline:
+            try:
+                conn, _ = s.accept()
+            except OSError:  # BlockingIOError: none is left
+                return
+            self._serve(conn, transport)
+
+    def _serve(self, conn: socket.socket, transport: int) -> None:
+        """Start a reader for a new connection."""
+        self.stats.incr(f"{_STREAM_PREFIX[transport]}AcceptConnection")
+        t = threading.Thread(target=self._read_stream, args=(conn, transport), daemon=True,
+                             name=f"luxun-agent-{TRANSPORTS[transport]}-conn")  # fmt: skip
+        with self._conns_lock:  # started under the lock: Agent.stop joins what it finds here
+            self._conns[conn] = t
+            if self._conns_shut:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RD)
+            t.start()
 
     def _read_stream(self, conn: socket.socket, transport: int) -> None:
         prefix = _STREAM_PREFIX[transport]
@@ -716,14 +797,22 @@ class Agent:
         accept = intake.accept
         try:
             conn.setblocking(True)
-            while not self._stopping:
-                try:
-                    chunk = conn.recv(256 * 1024)
-                except OSError:
-                    break
+            # Until the end of the stream: at stop, Agent.stop shuts the connection down
+            # (SHUT_RD), so what the peer wrote is read and then recv returns b"".
+            while True:
+                unread = 0
+                if self._stopping and time.monotonic() >= self._input_deadline:
+                    unread = _bytes_queued(conn)  # a TCP peer kept writing: cut here
+                    chunk = b""
+                else:
+                    try:
+                        chunk = conn.recv(256 * 1024)
+                    except OSError:
+                        break
                 if not chunk:
-                    if rest:
-                        self.stats.unclean_disconnect(TRANSPORTS[transport], len(rest), f"{prefix}UncleanDisconnect")
+                    if rest or unread:
+                        self.stats.unclean_disconnect(TRANSPORTS[transport], len(rest) + unread,
+                                                      f"{prefix}UncleanDisconnect")  # fmt: skip
                         if self.discard_log is not None:
                             info = "UNCLEAN_T" if transport == TCP else "UNCLEAN_U"
                             self.discard_log.write(info, b"", None, b"", rest)
@@ -754,7 +843,7 @@ class Agent:
         finally:
             intake.flush(idle=True)
             with self._conns_lock:
-                self._conns.discard(conn)
+                self._conns.pop(conn, None)
             conn.close()
 
     # -- router -------------------------------------------------------------------------
