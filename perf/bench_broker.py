@@ -3,7 +3,7 @@
 A program, not a test::
 
     .venv/bin/python perf/bench_broker.py            # full run (~5 min on 2 cores)
-    .venv/bin/python perf/bench_broker.py --quick    # smoke run (~30 s; with --java --floor ~2-3 min)
+    .venv/bin/python perf/bench_broker.py --quick    # smoke run (~30 s; with --java --floor ~3-4 min)
     .venv/bin/python perf/bench_broker.py --java .peers/luxun-java --floor   # against Java Luxun, ABBA
     .venv/bin/python perf/bench_broker.py --workloads produce --sizes 100 --placement split
     .venv/bin/python perf/bench_broker.py --broker 127.0.0.1:9092 --password secret
@@ -18,8 +18,9 @@ Java broker too, in the same run: per item size, the brokers take turns in ABBA 
 (ours, Java, Java, ours; ``--rounds`` repeats it), each started fresh on a new data dir
 and warmed up, with the same client code and the same workloads. Each side's figure for a
 cell is the best of its passes; the table shows ours, Java's and the ratio (ours / Java),
-the JSON every run of both. ``--floor`` adds the floor of a sync call: the same client
-against servers with an empty handler (a raw socket echo of a canned reply, and
+the JSON every run of both. ``--floor`` adds the floor of a sync call: the same client, in
+the one-item-per-call workloads (produce, group_single, index_single), against servers with
+an empty handler that answer canned replies (a raw socket thread per connection, and
 thriftpy2's threaded server), in the same turns.
 
 Workloads, per item size (``--sizes``) and per number of client processes
@@ -73,6 +74,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +96,7 @@ from _common import (  # noqa: E402
     port_answers,
 )
 from thriftpy2.protocol import TCyBinaryProtocolFactory  # noqa: E402
-from thriftpy2.thrift import TClient, TMessageType, TProcessor  # noqa: E402
+from thriftpy2.thrift import TApplicationException, TClient, TMessageType, TProcessor  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory, TCyMemoryBuffer, TServerSocket, TSocket  # noqa: E402
 
 from idl import QueueService  # noqa: E402
@@ -155,13 +157,15 @@ BUDGETS: dict[str, tuple[float, float]] = {
 
 #: The brokers compared: ours, the Java Luxun build (--java), the empty-handler floors (--floor).
 FLOOR_SIDES = ("floor-raw", "floor-thriftpy2")
+#: The workloads run against the floors: one item per sync call (floor_responses: their replies).
+FLOOR_WORKLOADS = ("produce", "group_single", "index_single")
 SIDE_TEXT = {
     "ours": "luxun (python -m luxun.cli serve)",
     "java": "Java Luxun 0.6.2 (com.leansoft.luxun.Luxun, thrift TNonblockingServer)",
-    "floor-raw": "floor: a Python socket thread per connection that answers each call frame with a canned "
-    "produce reply (no decoding, no handler)",
+    "floor-raw": "floor: a Python socket thread per connection that answers each call frame with the canned "
+    "reply of its method, the call's seqid copied in (reads type, name and seqid; no other decoding, no handler)",
     "floor-thriftpy2": "floor: thriftpy2 TThreadedServer (Cython binary protocol, framed, TCP_NODELAY) whose "
-    "produce handler returns a constant",
+    "handler returns a constant response per method",
 }
 #: Issue 10's targets, ours / Java per cell: 1 connection >= 1.2x, 4 clients >= 1.5x.
 RATIO_TARGETS = {1: 1.2, 4: 1.5}
@@ -496,33 +500,85 @@ def run_clients(specs: list[dict[str, Any]], timeout_s: float) -> list[dict[str,
 
 
 # -- the floor of a sync call: servers with an empty handler --------------------------------
-def canned_produce_reply() -> bytes:
-    """The framed reply to ``produce`` (SUCCESS, index 0), as thriftpy2 encodes it."""
+def floor_responses(item_size: int, topic_items: int) -> dict[str, Any]:
+    """What the floor servers answer, per sync method of the floor workloads (constants, no
+    storage): ``produce`` SUCCESS at index 0; ``consume`` (by group or by index alike) SUCCESS
+    with one item of ``item_size`` zero bytes and lastConsumedIndex 0 (an index loop then goes
+    on at 1, a group loop counts one item); ``getSize`` ``topic_items`` (the prefill count, so a
+    consume run sees the topic it would see on a broker); ``findClosestIndexByTime`` index 0
+    (the tail); ``deleteTopic`` SUCCESS. asyncProduce (oneway) gets no reply."""
+    ok = T.Result(resultCode=SUCCESS)
+    return {
+        "produce": T.ProduceResponse(result=ok, index=0),
+        "consume": T.ConsumeResponse(result=ok, itemList=[bytes(item_size)], lastConsumedIndex=0),
+        "getSize": T.GetSizeResponse(result=ok, size=topic_items),
+        "findClosestIndexByTime": T.FindClosestIndexByTimeResponse(result=ok, index=0),
+        "deleteTopic": T.DeleteTopicResponse(result=ok),
+    }
+
+
+def thrift_frame(name: str, mtype: int, payload: Any) -> bytes:
+    """One framed message (length, strict binary protocol, seqid 0) as thriftpy2 writes it;
+    ``payload`` is a ``<method>_result`` struct or a TApplicationException."""
     buf = TCyMemoryBuffer()
     proto = TCyBinaryProtocolFactory().get_protocol(buf)
-    proto.write_message_begin("produce", TMessageType.REPLY, 0)
-    QueueService.produce_result(success=T.ProduceResponse(result=T.Result(resultCode=SUCCESS), index=0)).write(proto)
+    proto.write_message_begin(name, mtype, 0)
+    payload.write(proto)
     proto.write_message_end()
     body = buf.getvalue()
     return len(body).to_bytes(4, "big") + body
 
 
-def serve_raw_connection(conn: socket.socket, reply: bytes) -> None:
-    """Answer every complete call frame on ``conn`` with ``reply`` (oneway frames get none)."""
+#: A framed reply cut around its i32 seqid: (what comes before it, what comes after it).
+SplitReply = tuple[bytes, bytes]
+
+
+def split_at_seqid(frame: bytes) -> SplitReply:
+    """``frame`` (i32 length, i32 version | type, i32 name length, name, i32 seqid, ...) without its seqid."""
+    at = 12 + int.from_bytes(frame[8:12], "big")
+    return frame[:at], frame[at + 4 :]
+
+
+def canned_replies(responses: dict[str, Any]) -> dict[bytes, SplitReply]:
+    """Method name -> its framed REPLY carrying ``responses[name]``, split at the seqid."""
+    return {
+        name.encode(): split_at_seqid(
+            thrift_frame(name, TMessageType.REPLY, getattr(QueueService, name + "_result")(success=response))
+        )
+        for name, response in responses.items()
+    }
+
+
+def unknown_method_reply(name: bytes) -> SplitReply:
+    """The EXCEPTION reply (UNKNOWN_METHOD) to a call the floor has no canned reply for."""
+    text = name.decode("utf-8", "replace")
+    error = TApplicationException(TApplicationException.UNKNOWN_METHOD, f"the floor server has no reply for {text}")
+    return split_at_seqid(thrift_frame(text, TMessageType.EXCEPTION, error))
+
+
+def serve_raw_connection(conn: socket.socket, replies: dict[bytes, SplitReply]) -> None:
+    """Answer every complete call frame on ``conn`` with the canned reply of its method, the
+    call's seqid copied into it (oneway frames get none). Read of a frame: the message type,
+    the method name and the seqid, nothing else."""
     buf = bytearray()
     with conn:
         while data := conn.recv(1 << 20):
             buf += data
-            pos = replies = 0
+            pos = 0
+            out: list[bytes | bytearray] = []
             while len(buf) - pos >= 8:
                 n = int.from_bytes(buf[pos : pos + 4], "big")
                 if len(buf) - pos - 4 < n:
                     break
-                replies += buf[pos + 7] != TMessageType.ONEWAY  # strict binary protocol: version, type
+                if buf[pos + 7] != TMessageType.ONEWAY:  # strict binary protocol: i32 version | type
+                    at = pos + 12 + int.from_bytes(buf[pos + 8 : pos + 12], "big")  # i32 name length, name
+                    name = bytes(buf[pos + 12 : at])
+                    head, tail = replies.get(name) or unknown_method_reply(name)
+                    out += (head, buf[at : at + 4], tail)  # the reply's seqid = the call's
                 pos += 4 + n
             del buf[:pos]
-            if replies:
-                conn.sendall(reply * replies)
+            if out:
+                conn.sendall(b"".join(out))
 
 
 class NoDelayServerSocket(TServerSocket):  # type: ignore[misc]
@@ -534,30 +590,30 @@ class NoDelayServerSocket(TServerSocket):  # type: ignore[misc]
         return client
 
 
-def floor_main(kind: str, port: int, cpus: list[int] | None) -> None:
-    """A floor server process on 127.0.0.1:``port``, serving until SIGTERM."""
+def constant(response: Any) -> Callable[[Any], Any]:
+    """A handler method that answers every request with ``response``."""
+    return lambda request: response
+
+
+def floor_main(kind: str, port: int, cpus: list[int] | None, item_size: int, topic_items: int) -> None:
+    """A floor server process on 127.0.0.1:``port``, serving until SIGTERM, with the replies of
+    :func:`floor_responses` (``item_size``: the consumed item's size; ``topic_items``: getSize)."""
     if cpus:
         os.sched_setaffinity(0, cpus)
-    reply = canned_produce_reply()
+    responses = floor_responses(item_size, topic_items)
     if kind == "floor-raw":
+        replies = canned_replies(responses)
         with socket.create_server(("127.0.0.1", port)) as srv:
             while True:
                 conn, _ = srv.accept()
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                threading.Thread(target=serve_raw_connection, args=(conn, reply), daemon=True).start()
-    response = T.ProduceResponse(result=T.Result(resultCode=SUCCESS), index=0)
-
-    class EmptyHandler:
-        def produce(self, request: Any) -> Any:
-            return response
-
-        def asyncProduce(self, request: Any) -> None:
-            pass
+                threading.Thread(target=serve_raw_connection, args=(conn, replies), daemon=True).start()
+    handler = SimpleNamespace(asyncProduce=constant(None), **{name: constant(r) for name, r in responses.items()})
 
     from thriftpy2.server import TThreadedServer
 
     TThreadedServer(
-        TProcessor(QueueService, EmptyHandler()),
+        TProcessor(QueueService, handler),
         NoDelayServerSocket(host="127.0.0.1", port=port, client_timeout=None),
         iprot_factory=TCyBinaryProtocolFactory(),
         itrans_factory=TCyFramedTransportFactory(),
@@ -566,11 +622,13 @@ def floor_main(kind: str, port: int, cpus: list[int] | None) -> None:
 
 
 @contextlib.contextmanager
-def floor_server(kind: str, cpus: list[int] | None) -> Iterator[BrokerInfo]:
+def floor_server(kind: str, cpus: list[int] | None, item_size: int, topic_items: int) -> Iterator[BrokerInfo]:
     """Run :func:`floor_main` in a forked process until its port answers; SIGTERM it at the end."""
     port = free_port()
     info: BrokerInfo | None = None
-    proc = mp.get_context("fork").Process(target=floor_main, args=(kind, port, cpus), daemon=True)
+    proc = mp.get_context("fork").Process(
+        target=floor_main, args=(kind, port, cpus, item_size, topic_items), daemon=True
+    )
     proc.start()
     try:
         deadline = time.monotonic() + 30
@@ -591,12 +649,14 @@ def floor_server(kind: str, cpus: list[int] | None) -> Iterator[BrokerInfo]:
             info.exit_code, info.stop_seconds = proc.exitcode, round(time.perf_counter() - t, 2)
 
 
-def side_broker(side: str, args: argparse.Namespace, broker_cpus: list[int] | None) -> Any:
-    """The broker of ``side`` (a context manager giving its BrokerInfo)."""
+def side_broker(side: str, args: argparse.Namespace, broker_cpus: list[int] | None, sizes: list[int]) -> Any:
+    """The broker of ``side`` (a context manager giving its BrokerInfo), for a block of ``sizes``
+    (a floor server cans replies for one item size: its block has one)."""
     if side == "java":
         return java_broker(args.java_peer, args.data_dir, "bench_broker", broker_cpus, tuple(args.java_opts))
     if side in FLOOR_SIDES:
-        return floor_server(side, broker_cpus)
+        (size,) = sizes
+        return floor_server(side, broker_cpus, size, prefill_count(args, size))
     if args.broker:
         return external_broker(args.broker, args.password)
     return own_broker(args.data_dir, "bench_broker", broker_cpus)
@@ -854,19 +914,17 @@ def check_async(ctx: Context, reports: list[dict[str, Any]], item: bytes) -> dic
     return {"checked_items": checked, "bad_items": bad, "missing_items": missing}
 
 
+def prefill_count(args: argparse.Namespace, size: int) -> int:
+    """Items per consume topic: --prefill-items, at most --prefill-mb of ``size``-byte items."""
+    return max(1, min(int(args.prefill_items), int(args.prefill_mb * MIB) // size))
+
+
 def prefill(ctx: Context, topics: list[str], size: int, item: bytes) -> dict[str, tuple[int, int]]:
-    """Fill each topic with asyncProduce (one process per topic, in parallel).
-    Returns topic -> (tail, head)."""
-    args = ctx.args
-    count = max(1, min(int(args.prefill_items), int(args.prefill_mb * MIB) // size))
-    specs = []
-    for topic in topics:
-        spec = base_spec(ctx, "prefill", item, topic)
-        spec |= {"count": count, "seconds": args.drain_seconds, "warmup_items": 0, "warmup_seconds": 0}
-        specs.append(spec)
-    t = time.perf_counter()
-    reports = run_clients(specs, BARRIER_TIMEOUT_S + args.drain_seconds + 60)
-    elapsed = time.perf_counter() - t
+    """Fill each topic with asyncProduce (one process per topic, in parallel); not on a floor
+    server, which stores nothing (it would only drop the frames) and whose getSize answers the
+    prefill count anyway. Returns topic -> (tail, head), as the server reports them."""
+    if ctx.side not in FLOOR_SIDES:
+        send_prefill(ctx, topics, size, item)
     out = {}
     for topic in topics:
         r = ctx.monitor.findClosestIndexByTime(T.FindClosestIndexByTimeRequest(timestamp=T.EARLIEST_TIME, topic=topic))
@@ -877,6 +935,21 @@ def prefill(ctx: Context, topics: list[str], size: int, item: bytes) -> dict[str
         if head <= tail:
             raise RuntimeError(f"prefilled topic {topic!r} is empty")
         out[topic] = (tail, head)
+    return out
+
+
+def send_prefill(ctx: Context, topics: list[str], size: int, item: bytes) -> None:
+    """:func:`prefill_count` items of ``item`` into each topic by asyncProduce, one client process a topic."""
+    args = ctx.args
+    count = prefill_count(args, size)
+    specs = []
+    for topic in topics:
+        spec = base_spec(ctx, "prefill", item, topic)
+        spec |= {"count": count, "seconds": args.drain_seconds, "warmup_items": 0, "warmup_seconds": 0}
+        specs.append(spec)
+    t = time.perf_counter()
+    reports = run_clients(specs, BARRIER_TIMEOUT_S + args.drain_seconds + 60)
+    elapsed = time.perf_counter() - t
     total = sum(r["items"] for r in reports)
     print(
         f"  prefill {len(topics)} topic(s) x {count} items of {size} B: {elapsed:.1f} s "
@@ -884,7 +957,6 @@ def prefill(ctx: Context, topics: list[str], size: int, item: bytes) -> dict[str
         file=sys.stderr,
         flush=True,
     )
-    return out
 
 
 def run_consume(
@@ -922,7 +994,7 @@ def log_result(r: Result) -> None:
     lat = f"  p50 {r.p50_us:8.1f} us  p99 {r.p99_us:8.1f} us" if r.p50_us is not None else ""
     cpu = f"  broker CPU {r.broker_cpu:4.2f}" if r.broker_cpu is not None else ""
     print(
-        f"  {r.side:<6.6} {r.workload:<13} {r.item_size:>7} B  {r.clients} client(s)  {r.items:>9} items  "
+        f"  {r.side:<15} {r.workload:<13} {r.item_size:>7} B  {r.clients} client(s)  {r.items:>9} items  "
         f"{r.seconds:6.2f} s  "
         f"{fmt_rate(r.calls_per_s):>8} calls/s  {fmt_rate(r.items_per_s):>8} items/s  {r.mb_per_s:8.1f} MB/s"
         f"{lat}{cpu}  ({r.stopped_by})",
@@ -1095,10 +1167,12 @@ def render(
         lines += ["", "Java Luxun: no ratio was measured in this run (give --java PATH to the Java Luxun build)."]
     for side in FLOOR_SIDES:
         if side in comparisons:
+            measured = ", ".join(dict.fromkeys(c["workload"] for c in comparisons[side])) or "nothing"
             lines += render_comparison(
                 comparisons[side],
                 side,
-                f"ours against the {side} (sync produce; ratio = ours / floor: the share of the floor we reach)",
+                f"ours against the {side} (one item per sync call: {measured}; canned replies; "
+                "ratio = ours / floor: the share of the floor we reach)",
             )
     lines += [
         "",
@@ -1134,7 +1208,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--floor",
         action="store_true",
-        help="also run sync produce against servers with an empty handler (raw socket, thriftpy2)",
+        help="also run " + ", ".join(FLOOR_WORKLOADS) + " against servers with an empty handler\n"
+        "that answer canned replies (raw socket, thriftpy2)",
     )
     p.add_argument("--rounds", type=int, help="ABBA turns per item size with --java/--floor (default 1)")
     p.add_argument(
@@ -1251,10 +1326,10 @@ def main(argv: list[str] | None = None) -> int:
     brokers: list[dict[str, Any]] = []
     tag = f"bench-{secrets.token_hex(3)}"
     for sizes, side in blocks:
-        workloads = [w for w in args.workloads if w == "produce"] if side in FLOOR_SIDES else args.workloads
+        workloads = [w for w in args.workloads if w in FLOOR_WORKLOADS] if side in FLOOR_SIDES else args.workloads
         if not workloads:
             continue
-        with side_broker(side, args, broker_cpus) as broker:
+        with side_broker(side, args, broker_cpus, sizes) as broker:
             monitor, _ = connect(broker.host, broker.port)
             ctx = Context(
                 host=broker.host,
