@@ -194,6 +194,7 @@ class Broker:
                 config.port,
                 max_frame_bytes=config.max_message_size_bytes + FRAME_OVERHEAD_BYTES,
                 metrics=self.metrics,
+                busy_poll_us=config.busy_poll_us,
             )
             self.handler.input_pending = self.server.input_pending
             self.kafka_server: KafkaServer | None = None

@@ -35,6 +35,7 @@ key                                        field                         default
 ``auto.create.topics.enable`` (ours)       ``auto_create_topics``        true
 ``max.topics`` (ours)                      ``max_topics``                0 (no limit)
 ``max.open.topics`` (ours)                 ``max_open_topics``           100
+``busy.poll.us`` (ours)                    ``busy_poll_us``              200 (0 = never)
 =========================================  ============================  ====================
 
 Where the Java defaults come from: ``com.leansoft.luxun.server.ServerConfig``,
@@ -134,6 +135,8 @@ DEFAULT_MAX_TOPICS = 0
 #: An open topic costs about 5 file descriptors, so 100 fit a 1,024 limit with room
 #: for ~400 connections.
 DEFAULT_MAX_OPEN_TOPICS = 100
+#: Microseconds a lone connection polls for its next call before it sleeps (luxun.server).
+DEFAULT_BUSY_POLL_US = 200
 #: The Kafka-protocol port (0: off, the default: the Thrift port is Kafka's usual 9092).
 DEFAULT_KAFKA_PORT = 0
 #: Partitions of a topic a Kafka client creates without saying (Kafka's num.partitions).
@@ -235,6 +238,9 @@ class BrokerConfig:
     max_open_topics: int = field(
         default=DEFAULT_MAX_OPEN_TOPICS, metadata=_key("max.open.topics", 1, INT32_MAX, ours=True)
     )
+    #: After answering, a connection that has been the only one receiving polls its socket
+    #: this long before it sleeps (0: never): see luxun.server, "Busy polling".
+    busy_poll_us: int = field(default=DEFAULT_BUSY_POLL_US, metadata=_key("busy.poll.us", 0, 1_000_000, ours=True))
     #: The Kafka-protocol port (0: off).
     kafka_port: int = field(default=DEFAULT_KAFKA_PORT, metadata=_key("kafka.port", 0, 65535, ours=True))
     #: The Kafka port's bind address ("" : the same as ``host``).
@@ -466,6 +472,7 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_MAX_MESSAGE_SIZE_BYTES",
     "DEFAULT_MAX_OPEN_TOPICS",
+    "DEFAULT_BUSY_POLL_US",
     "DEFAULT_MAX_TOPICS",
     "DEFAULT_METRICS_HOST",
     "DEFAULT_METRICS_PORT",

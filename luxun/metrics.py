@@ -69,6 +69,10 @@ class Metrics:
         self.input_buffer_bytes = 0
         self.input_buffer_waits = 0
         self.input_buffer_closed = 0
+        #: Busy polling (luxun.server): times a connection polled for its next call, and
+        #: times the call came while it polled.
+        self.busy_polls = 0
+        self.busy_poll_hits = 0
         self.started = time.time()
         #: Kafka port: requests by (API key, version) and error codes answered.
         self.kafka_requests: dict[tuple[int, int], int] = {}
@@ -145,6 +149,10 @@ class Metrics:
         out.append(f"luxun_input_buffer_waits_total {self.input_buffer_waits}")
         family("luxun_input_buffer_closed_total", "counter", "Connections closed because the input budget stayed full.")
         out.append(f"luxun_input_buffer_closed_total {self.input_buffer_closed}")
+        family("luxun_busy_polls_total", "counter", "Times a lone connection polled for its next call (busy.poll.us).")
+        out.append(f"luxun_busy_polls_total {self.busy_polls}")
+        family("luxun_busy_poll_hits_total", "counter", "Busy polls that got the next call before they gave up.")
+        out.append(f"luxun_busy_poll_hits_total {self.busy_poll_hits}")
         with self._lock:
             kafka_requests, kafka_errors = dict(self.kafka_requests), dict(self.kafka_errors)
         family("luxun_kafka_requests_total", "counter", "Kafka-protocol requests, by API key and version.")

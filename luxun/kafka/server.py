@@ -21,11 +21,12 @@ import contextlib
 import logging
 import socket
 import struct
+import threading
 from typing import Any, Protocol
 
 from ..logs import RateLimitedLog
 from ..metrics import Metrics
-from ..server import DEFAULT_BUDGET_WAIT_S, TcpServer
+from ..server import DEFAULT_BUDGET_WAIT_S, RECEIVING, TcpServer
 
 __all__ = ["FrameHandler", "KafkaServer"]
 
@@ -169,6 +170,7 @@ class KafkaServer(TcpServer):
                         held[0] = 0
                     continue
                 data = sock.recv(cap - len(rest))
+                RECEIVING.note(threading.get_ident())  # a Thrift connection stops busy polling
                 if not data:
                     return
                 buf, pos = rest + data, 0

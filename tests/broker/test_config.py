@@ -200,7 +200,7 @@ def test_known_keys_are_designs_list_plus_ours() -> None:
         "socket.request.max.bytes",
         "group.initial.rebalance.delay.ms",
     }
-    assert {"host", "metrics.host", "metrics.port", *topic_keys, *kafka_keys} == OUR_KEYS
+    assert {"host", "metrics.host", "metrics.port", "busy.poll.us", *topic_keys, *kafka_keys} == OUR_KEYS
     assert KNOWN_KEYS == DESIGN_KEYS | OUR_KEYS
     assert UNUSED_KEYS <= JAVA_KEYS
 

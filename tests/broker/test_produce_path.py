@@ -176,7 +176,7 @@ class StreamSocket:
         self.chunk = chunk
         self.sent: list[bytes] = []
 
-    def recv_into(self, view: memoryview) -> int:
+    def recv_into(self, view: memoryview, nbytes: int = 0, flags: int = 0) -> int:  # flags: a busy poll's
         n = min(len(view), len(self.data) - self.pos, self.chunk or len(view))
         view[:n] = self.data[self.pos : self.pos + n]
         self.pos += n
