@@ -29,7 +29,9 @@ Busy polling: a sync call's round trip is mostly the two wake-ups, the client's 
 ours (an idle vCPU of a VM wakes slowly). So after answering, a connection that has been
 the only one receiving for 50 ms polls its socket without sleeping (``recv`` with
 MSG_DONTWAIT) for up to ``busy_poll_us`` (``busy.poll.us``, default 200 us) before it
-waits in ``recv``: a client calling in a loop finds it awake. While polling, the thread
+waits in ``recv``: a client calling in a loop finds it awake. Only after a reply under
+64 KiB: a client sending oneway calls, or decoding a big fetch, is not waiting for us, and
+polling would only take CPU from it. While polling, the thread
 holds the interpreter between ``recv`` calls, so it stops as soon as another connection
 of either door receives bytes, and after 2 ms of polls back to back it waits in ``recv``
 once, letting any other thread (a woken long poll, the maintenance) in. The cost: up to
@@ -121,6 +123,9 @@ _I32 = struct.Struct(">i")
 # Busy polling (ThriftServer, busy_poll_us; default DEFAULT_BUSY_POLL_US): a lone
 # connection polls ... only after it has been the only connection receiving for this long,
 _BUSY_POLL_QUIET_S = 0.05
+# ... and only after a reply smaller than this (a client decoding a big fetch, or one
+# sending oneway calls, is not waiting for an answer: polling would only take CPU from it),
+_BUSY_POLL_REPLY_MAX = 64 * 1024
 # ... and after polling this long back to back it waits in recv once (others get the GIL).
 _BUSY_POLL_RUN_S = 0.002
 
@@ -586,6 +591,7 @@ class ThriftServer(TcpServer):
         poll_s = self.busy_poll_us / 1e6
         receiving = RECEIVING
         polled_since = 0.0  # when this run of busy polls began (0: the last read waited)
+        answered = False  # a small reply went out since the last read: its client calls again soon
         metrics = self.metrics
         while True:
             # Handle every complete frame in the buffer. Consecutive asyncProduce calls
@@ -617,6 +623,7 @@ class ThriftServer(TcpServer):
                     result, index = handler.produce_item(topic, item)
                     del call, item  # not held while this thread waits in send or recv
                     sock.sendall(produce_reply_frame(seqid, result, index))
+                    answered = True
                     continue
                 consume = parse_consume_call(buf, start + 4, start + 4 + size) if fast_consume else None
                 if consume is not None:  # consume: decoded by hand, answered with the wire encoder
@@ -625,15 +632,18 @@ class ThriftServer(TcpServer):
                     one = consume_single(fields) if consume_single is not None else None
                     if one is not None:  # one item at once: no request or response struct
                         sock.sendall(consume_one_reply_frame(seqid, *one))
+                        answered = len(one[0]) < _BUSY_POLL_REPLY_MAX
                         del consume, fields, one  # not held while this thread waits in send or recv
                         continue
                     response = consume_for_wire(consume_request(**fields))
-                    self._send_parts(sock, encode_consume_reply_parts(seqid, response))
+                    reply_size = self._send_parts(sock, encode_consume_reply_parts(seqid, response))
+                    answered = reply_size < _BUSY_POLL_REPLY_MAX
                     del consume, fields, response  # not held while this thread waits in send or recv
                     continue
                 with memoryview(buf) as view:
                     frame = bytes(view[start + 4 : start + 4 + size])
                 start += 4 + size
+                answered = True
                 if not self._handle(sock, peer, frame):
                     return
                 del frame
@@ -680,7 +690,7 @@ class ThriftServer(TcpServer):
             busy.discard(me)
             with memoryview(buf) as view:
                 n = -1
-                if poll_s and receiving.ident == me:
+                if poll_s and answered and receiving.ident == me:
                     now = time.monotonic()
                     if now - receiving.since > _BUSY_POLL_QUIET_S:
                         if not polled_since:
@@ -692,6 +702,7 @@ class ThriftServer(TcpServer):
                 if n < 0:
                     polled_since = 0.0
                     n = sock.recv_into(view[end:])
+            answered = False
             receiving.note(me)
             busy.add(me)
             if n == 0:
@@ -790,15 +801,16 @@ class ThriftServer(TcpServer):
         self._send(sock, oprot.trans.getvalue())
 
     @staticmethod
-    def _send_parts(sock: socket.socket, parts: list[Any]) -> None:
+    def _send_parts(sock: socket.socket, parts: list[Any]) -> int:
         """Send one reply frame made of a few buffers (bytes, memoryviews, uint8
-        arrays) with scatter/gather writes: no joined copy of a big reply."""
+        arrays) with scatter/gather writes: no joined copy of a big reply. Returns its
+        size (without the 4-byte length)."""
         views = [memoryview(p).cast("B") for p in parts]
         size = sum(v.nbytes for v in views)
         views.insert(0, memoryview(size.to_bytes(4, "big")))
         if size < 65536:
             sock.sendall(b"".join(views))
-            return
+            return size
         while views:
             sent = sock.sendmsg(views)
             while views and sent >= views[0].nbytes:
@@ -806,6 +818,7 @@ class ThriftServer(TcpServer):
                 views.pop(0)
             if views and sent:
                 views[0] = views[0][sent:]
+        return size
 
     @staticmethod
     def _send(sock: socket.socket, out: bytes) -> None:
