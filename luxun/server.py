@@ -30,12 +30,12 @@ ours (an idle vCPU of a VM wakes slowly). So after answering, a connection that 
 the only one receiving for 50 ms polls its socket without sleeping (``recv`` with
 MSG_DONTWAIT) for up to ``busy_poll_us`` (``busy.poll.us``, default 200 us) before it
 waits in ``recv``: a client calling in a loop finds it awake. Only after a reply under
-64 KiB: a client sending oneway calls, or decoding a big fetch, is not waiting for us, and
-polling would only take CPU from it. While polling, the thread
-holds the interpreter between ``recv`` calls, so it stops as soon as another connection
-of either door receives bytes, and after 2 ms of polls back to back it waits in ``recv``
-once, letting any other thread (a woken long poll, the maintenance) in. The cost: up to
-one core while a lone client calls back to back, nothing when idle.
+64 KiB: a client sending oneway calls, or decoding a big fetch, is not waiting for us,
+and polling would only take CPU from it. While polling, the thread holds the interpreter
+between ``recv`` calls, so it stops as soon as another connection of either door
+receives bytes, and after 2 ms of polls back to back it waits in ``recv`` once, letting
+any other thread (a woken long poll, the maintenance) in. The cost: up to one core while
+a lone client calls back to back, nothing when idle.
 
 Bounded input: a connection's receive buffer starts at 4 KiB and grows as bytes
 arrive (doubling, up to the frame being received), never to the size a header
