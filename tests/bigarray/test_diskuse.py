@@ -70,10 +70,13 @@ def test_disk_use_follows_the_data(tmp_path):
         assert written <= data0 <= written + DEFAULT_RESERVE_STEP
         # past an eighth of its page, the writer had the next page read ahead: it exists
         # (sparse, full size) with its first step reserved only
-        deadline = time.monotonic() + 10
-        while not os.path.exists(path / "data" / "page-1.dat") and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # (the prefetch thread creates the file, then sizes it: wait for both, not just the name)
         page1 = path / "data" / "page-1.dat"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+            os.path.exists(page1) and os.path.getsize(page1) == fmt.DEFAULT_DATA_PAGE_SIZE
+        ):
+            time.sleep(0.01)
         assert os.path.getsize(page1) == fmt.DEFAULT_DATA_PAGE_SIZE
         assert blocks(page1) <= FIRST_RESERVE_STEP
         assert arr.allocated_size() == allocated_bytes(path / "data") + allocated_bytes(path / "index")
