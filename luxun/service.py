@@ -136,6 +136,12 @@ _BATCH_MAGIC_AT: Final = 16
 _SNIFF_IN_PYTHON: Final = 64
 
 
+def _may_be_batch(item: bytes) -> bool:
+    """Whether ``item`` could be a Kafka record batch: at least a batch header long, with 2
+    (magic v2) at byte 16. Luxun packs never are (0 there)."""
+    return len(item) >= _BATCH_HEADER_SIZE and item[_BATCH_MAGIC_AT] == 2
+
+
 def _may_hold_batches(items: ItemBlob) -> bool:
     """Whether an item of the blob could be a Kafka record batch: at least a batch
     header long, with 2 (magic v2) at byte 16. Luxun packs never are (0 there)."""
@@ -397,7 +403,7 @@ class QueueHandler:
                 item = queue.get(last)
             except Exception:  # out of range, or closed: answered (or waited for) there
                 return None
-        if len(item) >= _BATCH_HEADER_SIZE and item[_BATCH_MAGIC_AT] == 2:  # maybe a Kafka batch
+        if _may_be_batch(item):
             packs = self._batches_as_packs(name, queue, None if group else last, [item], group)
             assert isinstance(packs, list)  # a list in, a list out
             item = packs[0]
@@ -533,7 +539,7 @@ class QueueHandler:
                 out[k] = self._batch_as_pack(name, first + k, out[k])
             return out
         item = items[0]  # the list paths read one item
-        if len(item) < _BATCH_HEADER_SIZE or item[_BATCH_MAGIC_AT] != 2:
+        if not _may_be_batch(item):
             return items
         if first is None:  # where the group's dequeue read it: just behind the group, unless another
             assert group is not None  # consumer of the group took an item since; then judge by content

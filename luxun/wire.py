@@ -175,8 +175,8 @@ def encode_consume_reply_parts(seqid: int, response: Any) -> list[Any]:
 # success { Result { 1: i32 0 } STOP, 2: list<binary> [size, item] ... then
 # 3: i64 lastConsumedIndex } STOP STOP.
 _CONSUME_ONE_HEAD = struct.Struct(f">i{len(_REPLY_HEADER)}si22si")
-_CONSUME_ONE_FIXED = _CONSUME_ONE_HEAD.size - 4 + 13  # the body without the item
 _CONSUME_ONE_TAIL = struct.Struct(">3sq2s")
+_CONSUME_ONE_FIXED = _CONSUME_ONE_HEAD.size - 4 + _CONSUME_ONE_TAIL.size  # the body without the item
 
 
 def consume_one_reply_frame(seqid: int, item: bytes, last_index: int) -> bytes:
