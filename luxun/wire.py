@@ -236,7 +236,9 @@ def produce_reply_frame(seqid: int, result: Any, index: int) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def parse_produce_call(buf: bytes | bytearray, start: int, end: int) -> tuple[bool, int, bytes, str] | None:
+def parse_produce_call(
+    buf: bytes | bytearray | memoryview, start: int, end: int
+) -> tuple[bool, int, bytes | memoryview, str] | None:
     """``(oneway, seqid, item, topic)`` when ``buf[start:end]`` is exactly one
     ``produce`` or ``asyncProduce`` call in the canonical layout::
 
@@ -245,6 +247,8 @@ def parse_produce_call(buf: bytes | bytearray, start: int, end: int) -> tuple[bo
 
     None for anything else (other methods, other field orders, extra fields, a topic
     that is not UTF-8, lengths that do not fit): the caller takes the generic path.
+    The item is a copy, except from a ``memoryview``: then it is a view into ``buf``
+    (a big frame's own mapping, see luxun.server, is not copied again).
     """
     try:
         (kind,) = _HEAD_I32.unpack_from(buf, start)
@@ -266,7 +270,7 @@ def parse_produce_call(buf: bytes | bytearray, start: int, end: int) -> tuple[bo
         pos += 14
         if size < 0 or pos + size + 7 > end:
             return None
-        item = bytes(buf[pos : pos + size])
+        item = buf[pos : pos + size] if type(buf) is memoryview else bytes(buf[pos : pos + size])
         pos += size
         if buf[pos : pos + 3] != _TOPIC_FIELD:
             return None
@@ -294,7 +298,7 @@ _FIELD_HEAD = struct.Struct(">bh")
 _I64 = struct.Struct(">q")
 
 
-def parse_consume_call(buf: bytes | bytearray, start: int, end: int) -> tuple[int, dict[str, Any]] | None:
+def parse_consume_call(buf: bytes | bytearray | memoryview, start: int, end: int) -> tuple[int, dict[str, Any]] | None:
     """``(seqid, fields)`` when ``buf[start:end]`` is exactly one ``consume`` call in
     the canonical layout::
 

@@ -186,6 +186,28 @@ class StreamSocket:
         self.sent.append(bytes(data))
 
 
+def serve_stream(tmp_path: Path, stream: bytes, chunk: int | None, *, item_limit: int) -> tuple[Any, Any, StreamSocket]:
+    """Feed ``stream`` to a ThriftServer connection in process (real storage, pages of
+    four items' size): ``(server, topic "s"'s queue, the socket with what was sent)``.
+    The storage is closed before it returns."""
+    metrics = Metrics()
+    topics = TopicManager(tmp_path / "data", data_page_size_bytes=4 * item_limit)
+    handler = QueueHandler(
+        topics, broker_id=0, max_message_size_bytes=item_limit, flush_count=0,
+        password_check=lambda _: False, metrics=metrics,
+    )  # fmt: skip
+    server = ThriftServer(QueueService, handler, "127.0.0.1", 0, max_frame_bytes=item_limit + 4096, metrics=metrics)
+    sock = StreamSocket(stream, chunk)
+    try:
+        server._read_frames(sock, "test")  # type: ignore[arg-type]
+        assert sock.pos == len(stream), "the server stopped reading before the end of the stream"
+        assert metrics.bad_frames == 0
+        queue = topics.get("s").queue  # type: ignore[union-attr]
+        return server, queue.read_range(0, max_items=1 << 20), sock
+    finally:
+        topics.close()
+
+
 @pytest.mark.parametrize("chunk", [None, 1, 3, 4093])
 def test_frames_split_anywhere_by_reads_are_all_handled(tmp_path: Path, chunk: int | None) -> None:
     """Full-buffer reads that end inside a frame header, or a few bytes at a time:
@@ -194,19 +216,35 @@ def test_frames_split_anywhere_by_reads_are_all_handled(tmp_path: Path, chunk: i
     items = [bytes([i % 251]) * rng.randrange(0, 300) for i in range(3000)]
     stream = b"".join(call_frame("asyncProduce", "s", item) for item in items)
     stream += call_frame("produce", "s", b"last", seqid=9)
-    metrics = Metrics()
-    topics = TopicManager(tmp_path / "data", data_page_size_bytes=1 << 20)
-    try:
-        handler = QueueHandler(
-            topics, broker_id=0, max_message_size_bytes=1 << 20, flush_count=0,
-            password_check=lambda _: False, metrics=metrics,
-        )  # fmt: skip
-        server = ThriftServer(QueueService, handler, "127.0.0.1", 0, max_frame_bytes=2 << 20, metrics=metrics)
-        sock = StreamSocket(stream, chunk)
-        server._read_frames(sock, "test")  # type: ignore[arg-type]
-        assert sock.pos == len(stream), "the server stopped reading before the end of the stream"
-        queue = topics.get("s").queue  # type: ignore[union-attr]
-        assert queue.read_range(0, max_items=len(items) + 1) == [*items, b"last"]
-        assert len(sock.sent) == 1 and metrics.bad_frames == 0
-    finally:
-        topics.close()
+    _, stored, sock = serve_stream(tmp_path, stream, chunk, item_limit=1 << 20)
+    assert stored == [*items, b"last"]
+    assert len(sock.sent) == 1
+
+
+@pytest.mark.parametrize("chunk", [None, 4093, 70001])
+def test_big_frames_get_their_own_mapping_and_arrive_whole(tmp_path: Path, chunk: int | None) -> None:
+    """Frames over 1 MiB (received into a mapping of their own, items not copied again)
+    between small ones, by asyncProduce, produce and the generic path, split anywhere
+    by reads: every item arrives whole and in order, and all input budget comes back."""
+    big = [bytes([i]) * ((1 << 20) + 1000 * i) + b"end%d" % i for i in range(1, 4)]
+    stream = b"".join(
+        [
+            call_frame("asyncProduce", "s", b"a"),
+            call_frame("asyncProduce", "s", big[0]),
+            call_frame("asyncProduce", "s", b"b"),
+            call_frame("produce", "s", big[1], seqid=5),
+            odd_layout_frame("s", big[2]),  # the generic path, decoded by thriftpy2
+            call_frame("produce", "s", b"c", seqid=6),
+        ]
+    )
+    server, stored, sock = serve_stream(tmp_path, stream, chunk, item_limit=2 << 20)
+    assert stored == [b"a", big[0], b"b", big[1], big[2], b"c"]
+    replies = []
+    for frame in sock.sent:
+        proto = TCyBinaryProtocol(TCyMemoryBuffer(frame[4:]))
+        _, _, seqid = proto.read_message_begin()
+        result = QueueService.produce_result()
+        result.read(proto)
+        replies.append((seqid, result.success.index))
+    assert replies == [(5, 3), (6, 5)]
+    assert server._budget.used == 0 and server.metrics.input_buffer_bytes == 0
