@@ -43,6 +43,7 @@ from cachetools import TTLCache
 
 from .errors import ArrayClosedError, DiskFullError
 from .format import page_file_name, parse_page_file_name
+from .prefetch import PREFETCHER
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +344,9 @@ class PageFactory:
         return deleted
 
     def delete_page(self, page_no: int) -> None:
-        """Unmap (unless in use) and delete one page file."""
+        """Unmap (unless in use) and delete one page file (and any read-ahead of it
+        still queued: see :meth:`Prefetcher.forget_file`)."""
+        PREFETCHER.forget_file(self.page_path(page_no))
         with self._lock:
             page = self._mapped.get(page_no)
             if page is not None:

@@ -24,6 +24,7 @@ import logging
 import os
 import queue
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,16 @@ class Prefetcher:
         Called when an array closes, so no page file appears in it afterwards, not even
         once a new array opens at the same path (a topic deleted and re-created).
         """
-        prefix = folder.rstrip(os.sep) + os.sep
+        self._forget(folder.rstrip(os.sep) + os.sep)
+
+    def forget_file(self, path: str) -> None:
+        """Drop queued work on the page file ``path`` and wait for a running job on it
+        to end. Called before the file is deleted (retention), so that a job queued
+        while the writer passed that page, and run late on a busy machine, does not
+        create it again behind the array's tail."""
+        self._forget(path)
+
+    def _forget(self, prefix: str) -> None:
         with self._idle:
             self._forgotten.add(prefix)
             with self._jobs.mutex:  # queued jobs go now: a later remember() must not revive them
@@ -65,8 +75,20 @@ class Prefetcher:
 
     def remember(self, folder: str) -> None:
         """Accept work under ``folder`` again (an array opened there)."""
+        prefix = folder.rstrip(os.sep) + os.sep
         with self._idle:
-            self._forgotten.discard(folder.rstrip(os.sep) + os.sep)
+            self._forgotten = {p for p in self._forgotten if not p.startswith(prefix)}
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no job is queued or running; False if that took over ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._current is not None or not self._jobs.empty():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(min(left, 0.1))
+        return True
 
     def prefetch(self, path: str, size: int, start: int = 0, *, reserve: int | None = None) -> None:
         """Ask for ``path`` (``size`` bytes) to be read from ``start``.

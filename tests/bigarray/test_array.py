@@ -726,3 +726,25 @@ def test_no_page_file_appears_after_close(tmp_path):
         shutil.rmtree(path)  # fails if a file appears in a folder while it is removed
         time.sleep(0.02)
         assert not path.exists(), f"trial {trial}: {sorted(str(p) for p in path.rglob('*'))}"
+
+
+def test_retention_deletes_pages_for_good_even_with_read_ahead_queued(tmp_path):
+    """The writer queues a read-ahead of each next page; on a loaded machine the
+    prefetch thread runs those jobs late. A page deleted by retention in between must
+    not be created again by its late job (a clean-clone CI run saw such files count
+    against log.retention.size)."""
+    from bigarray.prefetch import PREFETCHER
+
+    blocker = tmp_path / "blocker"  # keeps the prefetch thread busy while we append and delete
+    with open(blocker, "wb") as f:
+        f.truncate(1 << 30)
+    PREFETCHER.prefetch(str(blocker), 1 << 30)
+    path = tmp_path / "a"
+    with BigArray(path, data_page_size=4096) as arr:  # prefetch on (the default); 40 items a page
+        for _ in range(400):  # one by one: each page queues the read-ahead of the next
+            arr.append(b"y" * 100)
+        arr.remove_before_index(280)  # deletes pages 0-6
+        assert PREFETCHER.wait_idle(60), "the prefetch thread did not finish its queue within 60 s"
+        pages = sorted(int(p.name[5:-4]) for p in (path / "data").iterdir())
+        assert pages == [7, 8, 9, 10]  # 10: the read-ahead of the head's page
+        assert arr.read_range(280) == [b"y" * 100] * 120
