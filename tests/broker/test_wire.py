@@ -69,6 +69,9 @@ RESPONSES = {
     "many big": T.ConsumeResponse(  # >= 512 B each, more than fit in one sendmsg: joined
         result=T.Result(resultCode=0), itemList=[bytes([i % 256]) * (600 + i) for i in range(700)], lastConsumedIndex=0
     ),
+    "many big of one size": T.ConsumeResponse(  # >= 512 B, too many for one sendmsg, one size: rows
+        result=T.Result(resultCode=0), itemList=[bytes([i % 256]) * 1000 for i in range(1048)], lastConsumedIndex=0
+    ),
     "few big": T.ConsumeResponse(  # sent as memoryview slices
         result=T.Result(resultCode=0), itemList=[b"a" * 100_000, b"b" * 70_000, b""], lastConsumedIndex=0
     ),
