@@ -61,8 +61,10 @@ class Prefetcher:
         self._forget(path)
 
     def _forget(self, prefix: str) -> None:
+        if self._thread is None:  # nothing was ever asked: nothing to forget (and no set to grow)
+            return
         with self._idle:
-            self._forgotten.add(prefix)
+            self._forgotten.add(prefix)  # cleared when the queue next runs empty
             with self._jobs.mutex:  # queued jobs go now: a later remember() must not revive them
                 kept = [job for job in self._jobs.queue if not job[0].startswith(prefix)]
                 if len(kept) < len(self._jobs.queue):
