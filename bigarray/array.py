@@ -135,6 +135,12 @@ _NO_PAGE = _no_page()
 
 #: Index items examined per step of read_range (bounds the work beyond max_bytes).
 _READ_CHUNK_ITEMS = 16384
+
+
+def _no_release() -> None:
+    """What :meth:`BigArray.read_range_view` gives to release a copy: nothing to do."""
+
+
 #: Index slot whose append starts the read-ahead of the next index page (half way).
 _INDEX_PREFETCH_SLOT = fmt.INDEX_ITEMS_PER_PAGE // 2
 #: How many items just below head are checked when an array is opened.
@@ -866,6 +872,45 @@ class BigArray:
             return np.zeros(0, dtype=np.int64), b""
         lengths = all_lengths[0] if len(all_lengths) == 1 else np.concatenate(all_lengths)
         return lengths, blobs[0] if len(blobs) == 1 else b"".join(blobs)
+
+    def read_range_view(
+        self, start: int, *, max_items: int | None = None, max_bytes: int | None = None
+    ) -> tuple[np.ndarray[Any, Any], bytes | memoryview, Callable[[], None]]:
+        """:meth:`read_range_blob` without copying the items when they lie back to back
+        on one data page (as this array writes them): ``(lengths, data, release)``,
+        ``data`` then a read-only view of the page's mapping, which stays mapped (even if
+        retention deletes the page) until ``release()`` is called. Call it exactly once,
+        when done with ``data`` (then ``data`` may no longer be used); elsewhere ``data``
+        is ``bytes`` and ``release`` does nothing.
+
+        Raises:
+            IndexOutOfRangeError: ``start`` is outside [tail, head].
+        """
+        with self._reading(start):
+            chunks = self._range_fields(start, max_items, max_bytes)
+            if len(chunks) == 1:
+                pages, offsets, lengths = chunks[0]
+                first_off = int(offsets[0])
+                end_off = int(offsets[-1] + lengths[-1])
+                if (
+                    pages[0] == pages[-1]
+                    and end_off - first_off == int(lengths.sum())
+                    and bool((pages == pages[0]).all())
+                    and np.array_equal(offsets[1:] - first_off, np.cumsum(lengths[:-1]))
+                ):
+                    dpage = self._data.acquire(int(pages[0]))  # FileNotFoundError: see _reading
+                    try:
+                        view = memoryview(dpage.mm).toreadonly()[first_off:end_off]
+                    except BaseException:
+                        self._data.release(dpage)
+                        raise
+                    return lengths, view, functools.partial(self._release_view, view, dpage)
+        lengths, data = self.read_range_blob(start, max_items=max_items, max_bytes=max_bytes)
+        return lengths, data, _no_release
+
+    def _release_view(self, view: memoryview, page: MappedPage) -> None:
+        view.release()
+        self._data.release(page)
 
     @contextlib.contextmanager
     def _reading(self, start: int) -> Iterator[None]:

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import format as fmt
-from .array import _BE_I64, _PAGE_BITS, _SLOT_BITS, _SLOT_MASK, BigArray, _unpack_item_place
+from .array import _BE_I64, _PAGE_BITS, _SLOT_BITS, _SLOT_MASK, BigArray, _no_release, _unpack_item_place
 from .errors import ArrayClosedError, BigArrayError, IndexOutOfRangeError
 from .names import validate_name
 from .page import MappedPage, PageFactory
@@ -49,7 +49,12 @@ log = logging.getLogger(__name__)
 _I64 = struct.Struct(">q")
 #: The committed page: index, record offset + 1 (0: none).
 _COMMITTED = struct.Struct(">qq")
-_R = TypeVar("_R", list[bytes], tuple[np.ndarray[Any, Any], bytes])
+_R = TypeVar(
+    "_R",
+    list[bytes],
+    tuple[np.ndarray[Any, Any], bytes],
+    tuple[np.ndarray[Any, Any], bytes | memoryview, Callable[[], None]],
+)
 
 #: Seconds between automatic clean-ups, when enabled.
 DEFAULT_CLEANUP_INTERVAL_S = 1.0
@@ -241,6 +246,12 @@ class FanoutQueue:
         """See :meth:`BigArray.read_range_blob`."""
         return self.array.read_range_blob(start, max_items=max_items, max_bytes=max_bytes)
 
+    def read_range_view(
+        self, start: int, *, max_items: int | None = None, max_bytes: int | None = None
+    ) -> tuple[np.ndarray[Any, Any], bytes | memoryview, Callable[[], None]]:
+        """See :meth:`BigArray.read_range_view` (call ``release()`` once done)."""
+        return self.array.read_range_view(start, max_items=max_items, max_bytes=max_bytes)
+
     def find_closest_index(self, timestamp_ms: int) -> int:
         """See :meth:`BigArray.find_closest_index`."""
         return self.array.find_closest_index(timestamp_ms)
@@ -386,6 +397,19 @@ class FanoutQueue:
             (np.zeros(0, dtype=np.int64), b""),
         )
         return start, lengths, data
+
+    def dequeue_view(
+        self, group: str, *, max_items: int | None = None, max_bytes: int | None = None
+    ) -> tuple[int, np.ndarray[Any, Any], bytes | memoryview, Callable[[], None]]:
+        """:meth:`dequeue_blob` as :meth:`BigArray.read_range_view` reads: ``(index of
+        the first item, lengths, data, release)``; call ``release()`` once done with
+        ``data``."""
+        start, (lengths, data, release) = self._take(
+            group,
+            lambda i: self.array.read_range_view(i, max_items=max_items, max_bytes=max_bytes),
+            (np.zeros(0, dtype=np.int64), b"", _no_release),
+        )
+        return start, lengths, data, release
 
     def _take(self, group: str, read: Callable[[int], _R], empty: _R) -> tuple[int, _R]:
         """Read from the group's position with ``read(index)`` (a list of items or

@@ -102,9 +102,9 @@ class MappedPage:
             try:
                 self.mm.close()
             except BufferError:
-                # A numpy view of the page is still alive somewhere (a bug in a caller):
-                # the mapping goes when that view is garbage collected.
-                log.warning("page %s is still referenced; it will be unmapped when released", self.path)
+                # A view of the page is still alive (a reply being sent from it, see
+                # BigArray.read_range_view): the mapping goes when the view is released.
+                log.debug("page %s is still referenced; it will be unmapped when released", self.path)
 
 
 class _PageCache(TTLCache):  # type: ignore[type-arg]

@@ -87,6 +87,7 @@ from .errors import LuxunError
 from .logs import RateLimitedLog
 from .metrics import Metrics
 from .wire import (
+    ItemBlob,
     consume_one_reply_frame,
     encode_consume_reply,
     encode_consume_reply_parts,
@@ -723,8 +724,14 @@ class ThriftServer(TcpServer):
                         answered = len(one[0]) < _BUSY_POLL_REPLY_MAX
                         del consume, fields, one  # not held while this thread waits in send or recv
                         continue
-                    response = consume_for_wire(consume_request(**fields))
-                    reply_size = self._send_parts(sock, encode_consume_reply_parts(seqid, response))
+                    # Items read as views of the storage pages are sent from there (no copy)
+                    # and given back once sent.
+                    response = consume_for_wire(consume_request(**fields), True)
+                    try:
+                        reply_size = self._send_parts(sock, encode_consume_reply_parts(seqid, response))
+                    finally:
+                        if isinstance(response.itemList, ItemBlob):
+                            response.itemList.release()
                     answered = reply_size < _BUSY_POLL_REPLY_MAX
                     del consume, fields, response  # not held while this thread waits in send or recv
                     continue

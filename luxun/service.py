@@ -343,15 +343,19 @@ class QueueHandler:
             response.itemList = response.itemList.to_list()
         return response
 
-    def consume_for_wire(self, request: Any) -> Any:
+    def consume_for_wire(self, request: Any, views: bool = False) -> Any:
         """:meth:`consume` for :func:`luxun.wire.encode_consume_reply`: a fetch's
         ``itemList`` may be an :class:`~luxun.wire.ItemBlob` (lengths + one bytes
-        object) instead of a list, which saves a ``bytes`` object per item."""
+        object) instead of a list, which saves a ``bytes`` object per item.
+
+        ``views``: the blob's data may be a view of the storage page, not a copy
+        (:meth:`bigarray.BigArray.read_range_view`); the caller must then call the
+        blob's ``release()`` once the reply is sent."""
         t0 = time.perf_counter()
         if request is None:
             raise self._no_request("consume", "ConsumeRequest")
         try:
-            response = self._consume_once(request)
+            response = self._consume_once(request, views=views)
             wait_ms = getattr(request, "maxWaitMs", None) or 0
             if wait_ms > 0 and response.result.errorCode in (
                 E.ALL_MESSAGE_CONSUMED,
@@ -359,7 +363,7 @@ class QueueHandler:
                 E.TOPIC_NOT_EXIST,
             ):
                 self.topics.wait_for(request.topic, self._ready_check(request), min(wait_ms, MAX_WAIT_MS) / 1000)
-                response = self._consume_once(request)
+                response = self._consume_once(request, views=views)
         except Exception as exc:
             if is_fd_exhaustion(exc):
                 _limited.error("fd-limit", "consume from topic %r failed: %s", request.topic, exc)
@@ -431,7 +435,7 @@ class QueueHandler:
 
         return ready
 
-    def _consume_once(self, request: Any, retry: bool = True) -> Any:
+    def _consume_once(self, request: Any, retry: bool = True, views: bool = False) -> Any:
         name = request.topic
         group = request.fanoutId
         max_fetch = request.maxFetchSize or 0
@@ -475,6 +479,9 @@ class QueueHandler:
                     items = [] if item is None else [item]
                 elif max_bytes is None:
                     first, items = queue.dequeue_indexed(group, max_items=1)
+                elif views:
+                    first, lengths, data, release = queue.dequeue_view(group, max_bytes=max_bytes)
+                    items = ItemBlob(lengths, data, release)
                 else:
                     first, lengths, data = queue.dequeue_blob(group, max_bytes=max_bytes)
                     items = ItemBlob(lengths, data)
@@ -483,15 +490,25 @@ class QueueHandler:
             else:
                 if max_bytes is None:
                     items = [queue.get(start)]
+                elif views:
+                    items = ItemBlob(*queue.read_range_view(start, max_bytes=max_bytes))
                 else:
                     items = ItemBlob(*queue.read_range_blob(start, max_bytes=max_bytes))
                 last_index = start + len(items) - 1
             if not len(items):
                 return reply(AllMessageConsumed(name, fanout_id=group, index=None if group else start).to_result())
             # Kafka record batches become Luxun packs (the single-item group dequeue does not say where it read)
-            items = self._batches_as_packs(
-                name, queue, None if group and max_bytes is None and not with_times else first, items, group
-            )
+            read = items
+            try:
+                items = self._batches_as_packs(
+                    name, queue, None if group and max_bytes is None and not with_times else first, items, group
+                )
+            except BaseException:
+                if isinstance(read, ItemBlob):
+                    read.release()
+                raise
+            if items is not read and isinstance(read, ItemBlob):  # the packs are copies: let the view go
+                read.release()
             stats = topic.stats
             stats.items_out += len(items)
             stats.bytes_out += items.nbytes if isinstance(items, ItemBlob) else sum(map(len, items))

@@ -25,6 +25,7 @@ thriftpy2). :func:`encode_produce_reply` writes the ProduceResponse reply.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,16 +45,25 @@ _TOPIC_FIELD = b"\x0b\x00\x02"  # ProduceRequest field 2 (string topic)
 _HEAD_I32 = struct.Struct(">i")
 
 
+def _no_release() -> None:
+    """An :class:`ItemBlob` of bytes: nothing to give back."""
+
+
 class ItemBlob:
     """Items as their lengths and their bytes back to back (what
     :meth:`bigarray.BigArray.read_range_blob` returns): a consume reply made from it
     needs no ``bytes`` object per item. Sized like the list it stands for."""
 
-    __slots__ = ("data", "lengths")
+    __slots__ = ("data", "lengths", "release")
 
-    def __init__(self, lengths: np.ndarray[Any, Any], data: bytes) -> None:
+    def __init__(
+        self, lengths: np.ndarray[Any, Any], data: bytes | memoryview, release: Callable[[], None] = _no_release
+    ) -> None:
         self.lengths = lengths
         self.data = data
+        #: Called once the reply made from it is sent: ``data`` may be a view of a
+        #: storage page (see :meth:`bigarray.BigArray.read_range_view`).
+        self.release = release
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -64,7 +74,7 @@ class ItemBlob:
 
     def to_list(self) -> list[bytes]:
         """The items as a list of ``bytes`` (for code that wants one)."""
-        data = self.data
+        data = bytes(self.data) if isinstance(self.data, memoryview) else self.data  # copies outlive a view
         ends = np.cumsum(self.lengths)
         return [data[a:b] for a, b in zip((ends - self.lengths).tolist(), ends.tolist(), strict=True)]
 
@@ -105,7 +115,7 @@ def _framed_items(items: ItemBlob) -> np.ndarray[Any, Any] | list[Any]:
     return framed
 
 
-def _item_slices(data: bytes, lengths: np.ndarray[Any, Any]) -> list[Any]:
+def _item_slices(data: bytes | memoryview, lengths: np.ndarray[Any, Any]) -> list[Any]:
     """Each item's i32 length and a memoryview slice of it, in order."""
     view = memoryview(data)
     parts: list[Any] = []

@@ -748,3 +748,31 @@ def test_retention_deletes_pages_for_good_even_with_read_ahead_queued(tmp_path):
         pages = sorted(int(p.name[5:-4]) for p in (path / "data").iterdir())
         assert pages == [7, 8, 9, 10]  # 10: the read-ahead of the head's page
         assert arr.read_range(280) == [b"y" * 100] * 120
+
+
+def test_read_range_view_reads_in_place_until_released(tmp_path):
+    """read_range_view: items back to back on one page come as a read-only view of the
+    mapping (what read_range_blob would copy), which keeps the page mapped, even once
+    retention deleted it, until release(); across pages they come as a copy."""
+    path = tmp_path / "a"
+    with open_array(path, data_page_size=64 * 1024, prefetch=False) as arr:
+        items = [bytes([i]) * 1000 for i in range(200)]  # 64 a page
+        arr.append_many(items)
+        lengths, data, release = arr.read_range_view(3, max_bytes=10_000)
+        assert isinstance(data, memoryview) and data.readonly
+        assert lengths.tolist() == [1000] * 10 and bytes(data) == b"".join(items[3:13])
+        assert (lengths, bytes(data)) == (lengths, arr.read_range_blob(3, max_bytes=10_000)[1])
+        arr.remove_before_index(100)  # deletes page 0 under the view
+        assert not (path / "data" / "page-0.dat").exists()
+        assert bytes(data[:1000]) == items[3]  # still mapped, though the file is gone
+        assert any("/data/page-0.dat" in f for f in mapped_files(path))
+        release()
+        assert not any("/data/page-0.dat" in f for f in mapped_files(path)), "the page stayed mapped after release"
+        with pytest.raises(ValueError):
+            bytes(data)  # a released view cannot be read any more
+        lengths, data, release = arr.read_range_view(120, max_bytes=20_000)  # pages 1 and 2
+        assert isinstance(data, bytes) and data == b"".join(items[120:140])
+        release()
+        lengths, data, release = arr.read_range_view(arr.head)
+        assert len(lengths) == 0 and data == b""
+        release()

@@ -248,3 +248,46 @@ def test_big_frames_get_their_own_mapping_and_arrive_whole(tmp_path: Path, chunk
         replies.append((seqid, result.success.index))
     assert replies == [(5, 3), (6, 5)]
     assert server._budget.used == 0 and server.metrics.input_buffer_bytes == 0
+
+
+@pytest.mark.parametrize("size", [100, 1000, 3000, 20_000])
+def test_fetches_are_sent_from_the_pages_and_give_them_back(tmp_path: Path, size: int) -> None:
+    """A fetch (by index and by group) sends its items from views of the storage pages:
+    what arrives is what was stored, also across page ends and after retention deleted
+    pages under a reader; once answered, no page is still referenced."""
+    from thriftpy2.protocol import TCyBinaryProtocolFactory
+    from thriftpy2.rpc import make_client
+    from thriftpy2.transport import TCyFramedTransportFactory
+
+    metrics = Metrics()
+    topics = TopicManager(tmp_path / "data", data_page_size_bytes=64 * 1024)
+    handler = QueueHandler(
+        topics, broker_id=0, max_message_size_bytes=64 * 1024, flush_count=0,
+        password_check=lambda _: False, metrics=metrics,
+    )  # fmt: skip
+    server = ThriftServer(QueueService, handler, "127.0.0.1", 0, max_frame_bytes=1 << 20, metrics=metrics)
+    server.start()
+    try:
+        items = [bytes([i % 251]) * (size + i % 3) for i in range(300)]  # lengths vary a little
+        handler.async_produce_many("v", items[:150])
+        handler.async_produce_many("v", items[150:])
+        client = make_client(QueueService, "127.0.0.1", server.address[1], proto_factory=TCyBinaryProtocolFactory(),
+                             trans_factory=TCyFramedTransportFactory(), timeout=20_000)  # fmt: skip
+        got: list[bytes] = []
+        while len(got) < 300:
+            got += client.consume(T.ConsumeRequest(topic="v", startIndex=len(got), maxFetchSize=30_000)).itemList
+        assert got == items
+        by_group: list[bytes] = []
+        while len(by_group) < 300:
+            reply = client.consume(T.ConsumeRequest(topic="v", fanoutId="g", maxFetchSize=30_000))
+            by_group += reply.itemList
+            if len(by_group) == 120:
+                topics.get("v").queue.remove_before_index(200)  # type: ignore[union-attr]
+                by_group = items[:200]  # the group resumes at the new tail
+        assert by_group == items
+        client.close()
+        pages = topics.get("v").queue.array._data._mapped.values()  # type: ignore[union-attr]
+        assert [p.refs for p in pages if p is not topics.get("v").queue.array._data_page] == [0] * (len(pages) - 1)  # type: ignore[union-attr]
+    finally:
+        server.stop()
+        topics.close()
