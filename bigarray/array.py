@@ -892,12 +892,9 @@ class BigArray:
                 pages, offsets, lengths = chunks[0]
                 first_off = int(offsets[0])
                 end_off = int(offsets[-1] + lengths[-1])
-                if (
-                    pages[0] == pages[-1]
-                    and end_off - first_off == int(lengths.sum())
-                    and bool((pages == pages[0]).all())
-                    and np.array_equal(offsets[1:] - first_off, np.cumsum(lengths[:-1]))
-                ):
+                if bool((pages == pages[0]).all()) and np.array_equal(
+                    offsets[1:] - first_off, np.cumsum(lengths[:-1])
+                ):  # one page, back to back
                     dpage = self._data.acquire(int(pages[0]))  # FileNotFoundError: see _reading
                     try:
                         view = memoryview(dpage.mm).toreadonly()[first_off:end_off]
