@@ -143,6 +143,8 @@ def _no_release() -> None:
 
 #: Index slot whose append starts the read-ahead of the next index page (half way).
 _INDEX_PREFETCH_SLOT = fmt.INDEX_ITEMS_PER_PAGE // 2
+#: How far ahead of the writer reserved data page bytes are faulted in (see _room_for).
+_POPULATE_AHEAD = 2 << 20
 #: How many items just below head are checked when an array is opened.
 DEFAULT_RECOVERY_CHECK_ITEMS = 4096
 
@@ -164,11 +166,15 @@ class BigArray:
         clock: returns the append time in ms; stored timestamps never go backwards and
             are at least 1.
         recovery_check_items: items below head checked on open.
-        prefetch: read the next page files into the page cache in a background
-            thread before the writer reaches them (see :mod:`bigarray.prefetch`).
+        prefetch: prepare the pages the writer is about to use in a background
+            thread (see :mod:`bigarray.prefetch`): create the next page files, and
+            fault in each reserved step of the data page before the writer gets there
+            (or, on kernels before 5.14, read the next pages into the page cache).
         reserve_step: largest step, in bytes (a multiple of 4096), by which disk space
             is reserved ahead of the writer in index and data pages (see
-            :mod:`bigarray.page`); page files are sparse until reserved.
+            :mod:`bigarray.page`); page files are sparse until reserved. With
+            ``prefetch``, a data page's next step is reserved half a step early, so
+            up to 1.5 steps may be reserved beyond what was written.
 
     Raises:
         ArrayLockedError: another process or object has the directory open.
@@ -255,6 +261,7 @@ class BigArray:
             # how far each is reserved on disk (data: bytes; index: slots).
             self._data_page: MappedPage | None = None
             self._data_room = 0
+            self._data_populated = 0  # data page bytes handed to PREFETCHER.populate
             self._prefetch_next_at = fmt.MAX_DATA_PAGE_SIZE
             self._index_page: MappedPage | None = None
             self._index_room = 0
@@ -1260,7 +1267,8 @@ class BigArray:
         self._data_room = 0  # until reserved below: a failure leaves no stale room
         if self._data_page is None:
             self._data_page = self._data.acquire(self._data_page_no, create=True, reserve=self._data_off + n)
-            if self._prefetch:
+            self._data_populated = 0
+            if self._prefetch and not PREFETCHER.populates:
                 PREFETCHER.prefetch(self._data.page_path(self._data_page_no), self.data_page_size, self._data_off)
             self._prefetch_next_at = self._prefetch_threshold()
         if self._data_off + n > self.data_page_size:
@@ -1269,10 +1277,31 @@ class BigArray:
             self._data_page = new_page
             self._data_page_no += 1
             self._data_off = 0
+            self._data_populated = 0
             self._prefetch_next_at = self._prefetch_threshold()
-        self._data.reserve(self._data_page, self._data_off + n)
-        self._data_room = self._data_page.reserved
-        return self._data_page
+        page = self._data_page
+        end = self._data_off + n
+        self._data.reserve(page, end)
+        room = page.reserved
+        if self._prefetch and PREFETCHER.populates and room < self.data_page_size:
+            # Reserve the next step while the writer is still `ahead` bytes short of the
+            # reserved end, and have it faulted in (see bigarray.prefetch): the writer
+            # then finds it mapped. Half a step, at most _POPULATE_AHEAD and half the
+            # reserved bytes: a page holding a few items still takes only its first step
+            # of disk, and a page never more than one step beyond what was written.
+            ahead = min(_POPULATE_AHEAD, room // 2, self._data.reserve_step // 2)
+            if end + ahead > room:
+                try:
+                    self._data.reserve(page, end + ahead)
+                except DiskFullError:
+                    ahead = 0  # no room to look ahead: the writer's own reservation decides
+            room = max(end, page.reserved - ahead) if page.reserved < self.data_page_size else page.reserved
+            if page.reserved > self._data_populated:
+                start = max(self._data_populated, end)
+                PREFETCHER.populate(page.path, page.mm, start, page.reserved)
+                self._data_populated = page.reserved
+        self._data_room = room
+        return page
 
     def _index_room_for(self, idx: int, m: int) -> MappedPage:
         """Make the head index page the one of ``idx``, with its slots up to
@@ -1303,7 +1332,10 @@ class BigArray:
         first step reserved) and read it ahead."""
         self._prefetch_next_at = self.data_page_size
         PREFETCHER.prefetch(
-            self._data.page_path(self._data_page_no + 1), self.data_page_size, reserve=self._data.first_step
+            self._data.page_path(self._data_page_no + 1),
+            self.data_page_size,
+            reserve=self._data.first_step,
+            read=not PREFETCHER.populates,  # populated step by step once it is written (see _room_for)
         )
 
     def _switch_index_page(self, page_no: int, reserve: int) -> MappedPage:

@@ -173,6 +173,12 @@ class PageFactory:
         on disk)."""
         return self._first_step
 
+    @property
+    def reserve_step(self) -> int:
+        """The largest step a reservation takes (the page size for factories that
+        allocate whole pages)."""
+        return self._step or self.page_size
+
     # -- paths and files -------------------------------------------------------------
     def page_path(self, page_no: int) -> str:
         """Path of page ``page_no``'s file."""

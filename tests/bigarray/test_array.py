@@ -776,3 +776,46 @@ def test_read_range_view_reads_in_place_until_released(tmp_path):
         lengths, data, release = arr.read_range_view(arr.head)
         assert len(lengths) == 0 and data == b""
         release()
+
+
+def _mapped_kib(path) -> int:
+    """KiB of ``path``'s mapping in this process's page tables (smaps ``Rss``)."""
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(" " + str(path)):
+            for field in lines[i + 1 :]:
+                if field.startswith("Rss:"):
+                    return int(field.split()[1])
+    raise AssertionError(f"{path} is not mapped")
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_writer_finds_its_next_reserved_bytes_mapped(tmp_path, prefetch):
+    """With prefetch, each step reserved on the head data page is faulted into the
+    writer's mapping by the prefetch thread (MADV_POPULATE_WRITE) before the writer gets
+    there, so its copies take no page fault; nothing past the reserved bytes is touched
+    (a fault into an unreserved hole of a full disk would be a SIGBUS)."""
+    from bigarray.prefetch import PREFETCHER
+
+    if prefetch and not PREFETCHER.populates:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+    path = tmp_path / "a"
+    with BigArray(path, data_page_size=8 << 20, reserve_step=1 << 20, prefetch=prefetch) as arr:
+        page = path / "data" / "page-0.dat"
+        arr.append_many([b"w" * 1000] * 100)  # 100 KB: the first step (256 KiB) reserved
+        assert PREFETCHER.wait_idle(60)
+        first = _mapped_kib(page)
+        for _ in range(1000):  # one by one past 1 MB: steps of 512 KiB, then 1 MiB
+            arr.append(b"x" * 1000)
+        assert PREFETCHER.wait_idle(60)
+        later = _mapped_kib(page)
+        reserved = os.stat(page).st_blocks // 2  # KiB allocated
+        written = 1100 * 1000 // 1024
+        assert arr.read_range(0) == [b"w" * 1000] * 100 + [b"x" * 1000] * 1000
+    if prefetch:
+        assert first == 256, first  # all of the first step
+        assert later == reserved > written + 256, (later, reserved, written)
+    else:
+        assert first <= 100 * 1000 // 1024 + 4, first  # what was written, by its own faults
+        assert later <= written + 4, (later, written)
