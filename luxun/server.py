@@ -108,7 +108,11 @@ DEFAULT_MAX_BUFFERED_BYTES = 256 << 20
 #: How long a connection waits for input budget before it is closed.
 DEFAULT_BUDGET_WAIT_S = 10.0
 _INITIAL_BUFFER = 4 * 1024
-_READ_BUFFER = 64 * 1024
+# A connection whose buffer fills (a stream of asyncProduce) reads this much at a time:
+# more calls per recv, bigger appends. 64 KiB -> 1 MiB, perf/bench_broker.py
+# asyncProduce of 10 KB (3 runs each): 4 clients 20.5-21.6 k -> 34.3-35.7 k items/s,
+# broker CPU per item 47-49 -> 28-29 us; 1 client 42-47 -> 36 us per item.
+_READ_BUFFER = 1 << 20
 # A connection's buffer grows to this at most and is kept between frames (an empty one
 # shrinks to _INITIAL_BUFFER while the budget is more than half taken or someone waits
 # for it); a bigger frame is received into a mapping of its own (_BigFrame).
@@ -799,9 +803,15 @@ class ThriftServer(TcpServer):
             if n == 0:
                 return
             end += n
-            if end == len(buf) and len(buf) < _READ_BUFFER and budget.try_take(_READ_BUFFER - len(buf)):
+            if (
+                end == len(buf)
+                and len(buf) < _READ_BUFFER
+                and (end - start < 4 or 4 + _I32.unpack_from(buf, start)[0] <= _KEEP_BUFFER)
+                and budget.try_take(_READ_BUFFER - len(buf))
+            ):
                 # A busy connection (e.g. a stream of asyncProduce): read in bigger
-                # chunks. Quiet ones (a waiting consumer) keep the small buffer.
+                # chunks. Quiet ones (a waiting consumer) keep the small buffer, and so
+                # does one receiving a frame bigger than _KEEP_BUFFER (its own mapping).
                 buf.extend(bytes(_READ_BUFFER - len(buf)))
 
     @staticmethod
