@@ -143,8 +143,10 @@ def _no_release() -> None:
 
 #: Index slot whose append starts the read-ahead of the next index page (half way).
 _INDEX_PREFETCH_SLOT = fmt.INDEX_ITEMS_PER_PAGE // 2
-#: How far ahead of the writer reserved data page bytes are faulted in (see _room_for).
+#: How far ahead of the writer reserved data page bytes are faulted in (see _room_for),
+#: for a writer that needed more room again within _POPULATE_WITHIN_S seconds.
 _POPULATE_AHEAD = 2 << 20
+_POPULATE_WITHIN_S = 1.0
 #: How many items just below head are checked when an array is opened.
 DEFAULT_RECOVERY_CHECK_ITEMS = 4096
 
@@ -262,6 +264,7 @@ class BigArray:
             self._data_page: MappedPage | None = None
             self._data_room = 0
             self._data_populated = 0  # data page bytes handed to PREFETCHER.populate
+            self._data_reserved_at = float("-inf")  # when _room_for last ran
             self._prefetch_next_at = fmt.MAX_DATA_PAGE_SIZE
             self._index_page: MappedPage | None = None
             self._index_room = 0
@@ -1283,12 +1286,17 @@ class BigArray:
         end = self._data_off + n
         self._data.reserve(page, end)
         room = page.reserved
-        if self._prefetch and PREFETCHER.populates and room < self.data_page_size:
-            # Reserve the next step while the writer is still `ahead` bytes short of the
-            # reserved end, and have it faulted in (see bigarray.prefetch): the writer
-            # then finds it mapped. Half a step, at most _POPULATE_AHEAD and half the
-            # reserved bytes: a page holding a few items still takes only its first step
-            # of disk, and a page never more than one step beyond what was written.
+        now = time.monotonic()
+        fast = now - self._data_reserved_at < _POPULATE_WITHIN_S
+        self._data_reserved_at = now
+        if fast and self._prefetch and PREFETCHER.populates and room < self.data_page_size:
+            # A fast writer (back here within _POPULATE_WITHIN_S): reserve the next step
+            # while it is still `ahead` bytes short of the reserved end, and have that
+            # step faulted in (see bigarray.prefetch), so it finds the step mapped. Half
+            # a step, at most _POPULATE_AHEAD and half the reserved bytes: a page holding
+            # a few items still takes only its first step of disk, and a page at most
+            # 1.5 steps beyond what was written. A slow writer faults its own pages
+            # (cheap at its rate), and its page cache holds no zeros written ahead.
             ahead = min(_POPULATE_AHEAD, room // 2, self._data.reserve_step // 2)
             if end + ahead > room:
                 try:
