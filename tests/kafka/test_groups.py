@@ -209,10 +209,15 @@ def test_member_not_rejoining_is_dropped_after_the_rebalance_timeout(coord: Grou
     r_future = in_thread(join, coord, member=a, protocols=(("range", b"changed"),))  # a's metadata changed
     # b keeps its session alive with heartbeats but never rejoins
     while not r_future.done():
-        assert heartbeat(coord, b, gen) in (E.none, E.rebalance_in_progress)
+        error = heartbeat(coord, b, gen)
+        if error == E.unknown_member_id:
+            # b was dropped just now: the join is ending; that it ended at the timeout, with
+            # b gone, is checked below (a clean-clone CI run heartbeated in that instant)
+            break
+        assert error in (E.none, E.rebalance_in_progress)
         assert time.monotonic() - t0 < 5
         time.sleep(0.1)
-    r = r_future.result()
+    r = r_future.result(timeout=5)
     assert r.error_code == E.none and [m.member_id for m in r.members] == [a]
     assert 1.8 < time.monotonic() - t0 < 3.5
     assert heartbeat(coord, b, gen) == E.unknown_member_id
