@@ -43,6 +43,10 @@ _ASYNC_PRODUCE = b"\x00\x00\x00\x0casyncProduce"
 _ARGS_ITEM = b"\x0c\x00\x01\x0b\x00\x01"  # args field 1 (struct) -> ProduceRequest field 1 (binary item)
 _TOPIC_FIELD = b"\x0b\x00\x02"  # ProduceRequest field 2 (string topic)
 _HEAD_I32 = struct.Struct(">i")
+# message type, method name (with its length), seqid, the two field headers, item length
+_PRODUCE_HEAD = struct.Struct(f">i{len(_PRODUCE)}si{len(_ARGS_ITEM)}si")
+_ASYNC_PRODUCE_HEAD = struct.Struct(f">i{len(_ASYNC_PRODUCE)}si{len(_ARGS_ITEM)}si")
+_TOPIC_HEAD = struct.Struct(f">{len(_TOPIC_FIELD)}si")
 
 
 def _no_release() -> None:
@@ -271,36 +275,32 @@ def parse_produce_call(
     The item is a copy, except from a ``memoryview``: then it is a view into ``buf``
     (a big frame's own mapping, see luxun.server, is not copied again).
     """
+    # The head, up to the item's length, in one unpack: which method it can be is told by
+    # the length of its name (byte 7); the name is compared whole (in process, 1 KB items:
+    # 2.1-2.2 -> 1.6 us a call; 100 B: 1.9-2.1 -> 1.3).
     try:
-        (kind,) = _HEAD_I32.unpack_from(buf, start)
-        if kind != _CALL and kind != _ONEWAY:
-            return None
-        pos = start + 4
-        if buf[pos : pos + 11] == _PRODUCE:
-            oneway = False
-            pos += 11
-        elif buf[pos : pos + 16] == _ASYNC_PRODUCE:
+        if buf[start + 7] == 12:
+            kind, name, seqid, args, size = _ASYNC_PRODUCE_HEAD.unpack_from(buf, start)
+            if name != _ASYNC_PRODUCE:
+                return None
             oneway = True
-            pos += 16
+            pos = start + _ASYNC_PRODUCE_HEAD.size
         else:
-            return None
-        (seqid,) = _HEAD_I32.unpack_from(buf, pos)
-        if buf[pos + 4 : pos + 10] != _ARGS_ITEM:
-            return None
-        (size,) = _HEAD_I32.unpack_from(buf, pos + 10)
-        pos += 14
-        if size < 0 or pos + size + 7 > end:
+            kind, name, seqid, args, size = _PRODUCE_HEAD.unpack_from(buf, start)
+            if name != _PRODUCE:
+                return None
+            oneway = False
+            pos = start + _PRODUCE_HEAD.size
+        if (kind != _CALL and kind != _ONEWAY) or args != _ARGS_ITEM or size < 0 or pos + size + 7 > end:
             return None
         item = buf[pos : pos + size] if type(buf) is memoryview else bytes(buf[pos : pos + size])
         pos += size
-        if buf[pos : pos + 3] != _TOPIC_FIELD:
-            return None
-        (size,) = _HEAD_I32.unpack_from(buf, pos + 3)
+        field, size = _TOPIC_HEAD.unpack_from(buf, pos)
         pos += 7
-        if size < 0 or pos + size + 2 != end or buf[pos + size : end] != b"\x00\x00":
+        if field != _TOPIC_FIELD or size < 0 or pos + size + 2 != end or buf[end - 2] or buf[end - 1]:
             return None
-        topic = bytes(buf[pos : pos + size]).decode("utf-8")
-    except (struct.error, UnicodeDecodeError):
+        topic = str(buf[pos : pos + size], "utf-8")
+    except (struct.error, IndexError, UnicodeDecodeError):
         return None
     return oneway, seqid, item, topic
 

@@ -159,6 +159,13 @@ def test_parse_produce_call_reads_what_thriftpy2_writes(item: bytes, topic: str)
     ):
         data = b"junk" + call_bytes(api, request, 9, kind) + b"more"
         assert parse_produce_call(data, 4, len(data) - 4) == (oneway, 9, item, topic)
+        # the broker reads from its bytearray buffer, and from a memoryview of a big
+        # frame's own mapping (the item then a view into it, not a copy)
+        from_buffer = parse_produce_call(bytearray(data), 4, len(data) - 4)
+        assert from_buffer == (oneway, 9, item, topic) and type(from_buffer[2]) is bytes
+        from_view = parse_produce_call(memoryview(data), 4, len(data) - 4)
+        assert from_view is not None and type(from_view[2]) is memoryview
+        assert (from_view[0], from_view[1], bytes(from_view[2]), from_view[3]) == (oneway, 9, item, topic)
 
 
 def test_parse_produce_call_leaves_everything_else_to_the_generic_path() -> None:
@@ -178,8 +185,12 @@ def test_parse_produce_call_leaves_everything_else_to_the_generic_path() -> None
         "fields reversed": good.replace(b"\x0b\x00\x01", b"\x0b\x00\x03"),
         "missing STOP": good[:-2] + b"\x08\x00",
     }
+    others["produce's name, asyncProduce's length"] = good.replace(b"\x00\x07produce", b"\x00\x0cproduce")
+    others["cut inside the head"] = good[:20]
+    others["nonzero end"] = good[:-1] + b"\x01"
     for name, data in others.items():
-        assert parse_produce_call(data, 0, len(data)) is None, name
+        for buf in (data, bytearray(data), memoryview(data)):
+            assert parse_produce_call(buf, 0, len(data)) is None, name
 
 
 CONSUME_REQUESTS = [
