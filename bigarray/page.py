@@ -103,7 +103,8 @@ class MappedPage:
                 self.mm.close()
             except BufferError:
                 # A view of the page is still alive (a reply being sent from it, see
-                # BigArray.read_range_view): the mapping goes when the view is released.
+                # BigArray.read_range_view, or the prefetch thread faulting in a step, see
+                # Prefetcher.populate): the mapping goes when that view is released.
                 log.debug("page %s is still referenced; it will be unmapped when released", self.path)
 
 
