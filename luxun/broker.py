@@ -274,12 +274,14 @@ class Broker:
         return self.server.address[1]
 
     def start(self) -> None:
-        self.server.start()
-        if self.kafka_server is not None:
-            self.kafka_server.start()
+        """Serve. The QueueService port is opened last: a client that can connect to it
+        finds the metrics and Kafka ports open too."""
         if self.metrics_server is not None:
             self.metrics_server.start()
+        if self.kafka_server is not None:
+            self.kafka_server.start()
         self.maintenance.start()
+        self.server.start()
         metrics = (
             f"metrics on http://{self.config.metrics_host}:{self.metrics_server.address[1]}/"
             if self.metrics_server is not None

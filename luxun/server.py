@@ -352,8 +352,7 @@ class TcpServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((host, port))
-        self._listener.listen(1024)
+        self._listener.bind((host, port))  # the port is ours now; it accepts from start()
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         # Closed to make room for accepting (and closing) a connection when out of
         # descriptors; see _accept_on_reserve.
@@ -361,7 +360,9 @@ class TcpServer:
         self._accept_thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
 
     def start(self) -> None:
-        """Start accepting connections (returns at once)."""
+        """Listen and start accepting connections (returns at once). Until then the port is
+        bound but refuses connections, so that a client that got in knows the server is up."""
+        self._listener.listen(1024)
         self._accept_thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -14,9 +15,11 @@ import pytest
 
 from bigarray.prefetch import PREFETCHER
 from idl import luxun_thrift as T
+from luxun.broker import Broker
+from luxun.config import BrokerConfig
 from luxun.retention import Maintenance
 from luxun.topics import TopicManager
-from tests._broker import PASSWORD
+from tests._broker import PASSWORD, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,6 +51,25 @@ def test_metrics_status_page_and_topics_json(broker_factory: Any) -> None:
     rows = json.loads(get(base + "/topics.json"))
     assert [(r["name"], r["size"], r["groups"]) for r in rows] == [("web", 3, [["reader", 2]])]
     c.close()
+
+
+def test_the_queue_port_accepts_only_once_metrics_and_kafka_ports_do(tmp_path: Path) -> None:
+    """Clients (and our tests) take a connectable QueueService port as "the broker is up":
+    until start() it refuses, and from then on the other ports accept as well."""
+    ports = [free_port() for _ in range(3)]
+    config = BrokerConfig(
+        data_dir=str(tmp_path / "data"), host="127.0.0.1", port=ports[0], metrics_port=ports[1], kafka_port=ports[2]
+    )
+    broker = Broker(config)
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", ports[0]), timeout=5).close()
+        broker.start()
+        for port in ports:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert json.loads(get(f"http://127.0.0.1:{ports[1]}/topics.json")) == []
+    finally:
+        broker.stop()
 
 
 def run_cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
