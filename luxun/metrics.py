@@ -320,5 +320,6 @@ class MetricsServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        if self._thread.ident is not None:  # shutdown() waits for serve_forever: only once it ran
+            self.httpd.shutdown()
         self.httpd.server_close()

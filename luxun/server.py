@@ -377,7 +377,8 @@ class TcpServer:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._budget.wake_all()
-        self._accept_thread.join(timeout_s)
+        if self._accept_thread.ident is not None:  # started (stop() before start() is fine)
+            self._accept_thread.join(timeout_s)
         with self._conns_lock:
             conns = list(self._conns.values())
         for sock, _ in conns:

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,26 @@ def test_the_queue_port_accepts_only_once_metrics_and_kafka_ports_do(tmp_path: P
         assert json.loads(get(f"http://127.0.0.1:{ports[1]}/topics.json")) == []
     finally:
         broker.stop()
+
+
+def test_a_broker_never_started_stops_at_once_and_frees_its_ports(tmp_path: Path) -> None:
+    """A program that builds a Broker and gives up before start() (or whose start() failed)
+    calls stop(): it must return, close the topics and give every port back."""
+    ports = [free_port() for _ in range(3)]
+    config = BrokerConfig(
+        data_dir=str(tmp_path / "data"), host="127.0.0.1", port=ports[0], metrics_port=ports[1], kafka_port=ports[2]
+    )
+    broker = Broker(config)
+    stopper = threading.Thread(target=broker.stop, daemon=True)
+    stopper.start()
+    stopper.join(20)
+    assert not stopper.is_alive(), "Broker.stop() before start() hangs"
+    for port in ports:  # bindable again: nothing of the broker holds them
+        with socket.socket() as again:
+            again.bind(("127.0.0.1", port))
+    reopened = Broker(config)  # the data dir was released too
+    reopened.start()
+    reopened.stop()
 
 
 def run_cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
