@@ -193,10 +193,10 @@ class AsyncProduceBatch:
     def __init__(self, handler: Any) -> None:
         self.handler = handler
         self.topic: str | None = None
-        self.items: list[bytes | memoryview | None] = []
+        self.items: list[bytes | bytearray | memoryview | None] = []
         self.nbytes = 0
 
-    def add(self, topic: str, item: bytes | memoryview) -> None:
+    def add(self, topic: str, item: bytes | bytearray | memoryview) -> None:
         full = len(self.items) >= _MAX_BATCH_ITEMS or self.nbytes >= _MAX_BATCH_BYTES
         if self.items and (full or topic != self.topic):
             self.flush()

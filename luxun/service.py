@@ -226,7 +226,7 @@ class QueueHandler:
         self.metrics.observe(call, 0.0, E.INTERNAL_ERROR)
         return InternalError(f"{call} needs a {struct}; the call had none")
 
-    def produce_item(self, name: str | None, item: bytes | memoryview | None) -> tuple[Any, int]:
+    def produce_item(self, name: str | None, item: bytes | bytearray | memoryview | None) -> tuple[Any, int]:
         """One acknowledged produce: ``(Result, index)``."""
         t0 = time.perf_counter()
         if item is None or name is None:
@@ -236,7 +236,7 @@ class QueueHandler:
         self.metrics.observe("produce", time.perf_counter() - t0, result.errorCode)
         return result, index
 
-    def async_produce_many(self, name: str | None, items: list[bytes | memoryview | None]) -> None:
+    def async_produce_many(self, name: str | None, items: list[bytes | bytearray | memoryview | None]) -> None:
         """``len(items)`` consecutive oneway produces to one topic, appended with one
         ``enqueue_many`` (the server batches the asyncProduce frames it has already
         received). Each item is judged on its own, as if produced alone: an oversized
@@ -280,7 +280,7 @@ class QueueHandler:
             log.warning("%s (oneway: the client is not told; similar failures are logged at most every %.0f s)",
                         message, _WARN_EVERY_S)  # fmt: skip
 
-    def _append(self, name: str, items: Sequence[bytes | memoryview], call: str) -> tuple[Any, int]:
+    def _append(self, name: str, items: Sequence[bytes | bytearray | memoryview], call: str) -> tuple[Any, int]:
         """Append ``items`` (each within the size limit unless alone) to topic ``name``."""
         try:
             if len(items) == 1:

@@ -368,7 +368,7 @@ class TopicManager:
         return topic
 
     def create_and_append(
-        self, name: str, items: Sequence[bytes | memoryview], *, explicit: bool = False
+        self, name: str, items: Sequence[bytes | bytearray | memoryview], *, explicit: bool = False
     ) -> tuple[Topic, int]:
         """Append ``items`` to topic ``name``, creating (or opening) it first if needed;
         ``(topic, index of the first item)``.
@@ -433,10 +433,10 @@ class TopicManager:
         return self.create_and_append(name, [], explicit=True)[0]
 
     @staticmethod
-    def _append(queue: FanoutQueue, items: Sequence[bytes | memoryview]) -> int:
+    def _append(queue: FanoutQueue, items: Sequence[bytes | bytearray | memoryview]) -> int:
         return queue.enqueue(items[0]) if len(items) == 1 else queue.enqueue_many(items)
 
-    def _create(self, name: str, items: Sequence[bytes | memoryview]) -> tuple[Topic, int]:
+    def _create(self, name: str, items: Sequence[bytes | bytearray | memoryview]) -> tuple[Topic, int]:
         """Create topic ``name`` holding ``items`` (the caller holds its busy mark)."""
         self._make_room()
         path = os.path.join(self.data_dir, name)

@@ -263,7 +263,7 @@ def produce_reply_frame(seqid: int, result: Any, index: int) -> bytes:
 
 def parse_produce_call(
     buf: bytes | bytearray | memoryview, start: int, end: int
-) -> tuple[bool, int, bytes | memoryview, str] | None:
+) -> tuple[bool, int, bytes | bytearray | memoryview, str] | None:
     """``(oneway, seqid, item, topic)`` when ``buf[start:end]`` is exactly one
     ``produce`` or ``asyncProduce`` call in the canonical layout::
 
@@ -272,8 +272,9 @@ def parse_produce_call(
 
     None for anything else (other methods, other field orders, extra fields, a topic
     that is not UTF-8, lengths that do not fit): the caller takes the generic path.
-    The item is a copy, except from a ``memoryview``: then it is a view into ``buf``
-    (a big frame's own mapping, see luxun.server, is not copied again).
+    The item is a copy of the same type as ``buf`` (a ``bytearray`` from the server's
+    receive buffer), except from a ``memoryview``: then it is a view into ``buf`` (a big
+    frame's own mapping, see luxun.server, is not copied again).
     """
     # The head, up to the item's length, in one unpack: which method it can be is told by
     # the length of its name (byte 7); the name is compared whole (in process, 1 KB items:
@@ -293,7 +294,7 @@ def parse_produce_call(
             pos = start + _PRODUCE_HEAD.size
         if (kind != _CALL and kind != _ONEWAY) or args != _ARGS_ITEM or size < 0 or pos + size + 7 > end:
             return None
-        item = buf[pos : pos + size] if type(buf) is memoryview else bytes(buf[pos : pos + size])
+        item = buf[pos : pos + size]  # one copy (a view of a memoryview); bytes(...) of it was a second
         pos += size
         field, size = _TOPIC_HEAD.unpack_from(buf, pos)
         pos += 7

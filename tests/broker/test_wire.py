@@ -161,8 +161,11 @@ def test_parse_produce_call_reads_what_thriftpy2_writes(item: bytes, topic: str)
         assert parse_produce_call(data, 4, len(data) - 4) == (oneway, 9, item, topic)
         # the broker reads from its bytearray buffer, and from a memoryview of a big
         # frame's own mapping (the item then a view into it, not a copy)
-        from_buffer = parse_produce_call(bytearray(data), 4, len(data) - 4)
-        assert from_buffer == (oneway, 9, item, topic) and type(from_buffer[2]) is bytes
+        buffer = bytearray(data)
+        from_buffer = parse_produce_call(buffer, 4, len(data) - 4)
+        assert from_buffer == (oneway, 9, item, topic) and type(from_buffer[2]) is bytearray
+        buffer[:] = bytes(len(buffer))  # the receive buffer is reused: the item is a copy
+        assert from_buffer[2] == item
         from_view = parse_produce_call(memoryview(data), 4, len(data) - 4)
         assert from_view is not None and type(from_view[2]) is memoryview
         assert (from_view[0], from_view[1], bytes(from_view[2]), from_view[3]) == (oneway, 9, item, topic)
