@@ -147,6 +147,10 @@ _INDEX_PREFETCH_SLOT = fmt.INDEX_ITEMS_PER_PAGE // 2
 #: for a writer that needed more room again within _POPULATE_WITHIN_S seconds.
 _POPULATE_AHEAD = 2 << 20
 _POPULATE_WITHIN_S = 1.0
+#: Batches whose items average this many bytes or more are written with pwritev
+#: (BigArray._write_through_file), smaller ones copied into the mapping.
+_WRITE_THROUGH_FILE_MIN_ITEM = 2048
+_IOV_MAX = 1024  # buffers per pwritev (Linux's UIO_MAXIOV)
 #: How many items just below head are checked when an array is opened.
 DEFAULT_RECOVERY_CHECK_ITEMS = 4096
 
@@ -222,6 +226,9 @@ class BigArray:
                 raise DiskFullError(exc.errno, f"cannot create array {self.path}: {exc.strerror}") from exc
             raise
         self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        #: The head data page's file, open for _write_through_file (-1: none).
+        self._write_fd = self._write_fd_page = -1
+        self._writes_file = False  # the last batch went through _write_through_file
         try:
             fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -399,6 +406,7 @@ class BigArray:
                     nxt = aux & _OFFSET_MASK
                 page = self._data_page
                 if page is None or self._data_off + n > self._data_room:
+                    self._writes_file = False  # single items go through the mapping: populate it ahead
                     page = self._room_for(n)  # a new page, or more reserved disk space
                 off = self._data_off
                 page.mm[off : off + n] = item
@@ -477,7 +485,9 @@ class BigArray:
     ) -> int:
         """Append items in order, atomically (all or none), and return the first index.
 
-        One lock, one copy per data page, index items written in one numpy pass.
+        One lock, one write per data page (items of 4 KiB or more on average go into
+        the page file with one ``pwritev``, smaller ones are joined and copied into the
+        mapping), index items written in one numpy pass.
         Returns ``head`` unchanged when ``items`` is empty. ``counts``: how many records
         each item holds (ints >= 1, one per item; None: 1 each); ``kind``: the tag
         (0..255) of every item of the call (see :meth:`append`).
@@ -607,7 +617,10 @@ class BigArray:
             chunk = int(ends[j - 1]) - base
             if off + chunk > self._data_room:
                 page = self._room_for(chunk)  # reserves disk space for the whole chunk
-            page.mm[off : off + chunk] = b"".join(batch if (i == 0 and j == count) else batch[i:j])
+            items = batch if (i == 0 and j == count) else batch[i:j]
+            if chunk < _WRITE_THROUGH_FILE_MIN_ITEM * (j - i) or not self._write_through_file(page, items, off, chunk):
+                self._writes_file = False
+                page.mm[off : off + chunk] = b"".join(items)
             records["page"][i:j] = page.page_no
             records["offset"][i:j] = ends[i:j] - lengths[i:j] + (off - base)
             self._data_off = off + chunk
@@ -615,9 +628,58 @@ class BigArray:
                 self._prefetch_next_page()
             i = j
 
+    def _write_through_file(self, page: MappedPage, items: list[Any] | tuple[Any, ...], off: int, size: int) -> bool:
+        """Write ``items`` (``size`` bytes together) at ``off`` of ``page``'s file with
+        ``pwritev``, False (nothing written) if the file cannot be opened.
+
+        Why not through the mapping: a page the writer's copy faults in is first zeroed
+        by the kernel (a sparse page file reads as zeros), which cost more than the copy
+        itself, and the items were joined into one buffer first. ``pwritev`` copies
+        each item once, from where it is, into the page cache, and a page it fills
+        whole is never zeroed; the mapping sees the bytes at once (one page cache).
+        Measured in process, 512 MB of 10 KB items in batches of 100: 76-106 k ->
+        237-248 k items/s, CPU 0.6-0.9 -> 0.22 s. For small items the many buffers
+        cost more than they save (see _WRITE_THROUGH_FILE_MIN_ITEM).
+
+        A short write, or one that fails (``RLIMIT_FSIZE`` binds ``write`` and not a
+        mapping), is finished through the mapping: the bytes are reserved on disk.
+        """
+        if not all(type(item) is bytes or type(item) is bytearray for item in items):
+            with contextlib.ExitStack() as views:  # len() of a memoryview counts its elements
+                if sum(views.enter_context(memoryview(item)).nbytes for item in items) != size:
+                    return False  # the mapping's copy refuses them (IndexError), nothing written
+        fd = self._write_fd
+        if self._write_fd_page != page.page_no:
+            self._close_write_fd()
+            try:
+                fd = os.open(page.path, os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:  # e.g. out of descriptors: the mapping will do
+                return False
+            self._write_fd, self._write_fd_page = fd, page.page_no
+        self._writes_file = True
+        n = len(items)
+        for k in range(0, n, _IOV_MAX):
+            group = items[k : k + _IOV_MAX] if n > _IOV_MAX else items
+            want = sum(map(len, group)) if n > _IOV_MAX else size
+            try:
+                done = os.pwritev(fd, group, off)
+            except OSError:
+                done = 0
+            if done < want:
+                page.mm[off + done : off + want] = b"".join(group)[done:]
+            off += want
+        return True
+
+    def _close_write_fd(self) -> None:
+        if self._write_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._write_fd)
+        self._write_fd = self._write_fd_page = -1
+
     def _restore_write_position(self, page_no: int, offset: int) -> None:
         """Put the writer back where a failed batch started, so no gap is left."""
         if self._data_page is not None and self._data_page.page_no != page_no:
+            self._close_write_fd()
             self._data.release(self._data_page)
             self._data_page = None
             self._data_room = 0
@@ -1186,6 +1248,7 @@ class BigArray:
             if factory is not None:
                 factory.close()
         self._data_page = self._index_page = None
+        self._close_write_fd()
         self._data_mm = self._index_mm = _NO_PAGE.mm
         self._read_index_page = self._read_data_page = _NO_PAGE
         with contextlib.suppress(OSError):
@@ -1276,6 +1339,7 @@ class BigArray:
             self._prefetch_next_at = self._prefetch_threshold()
         if self._data_off + n > self.data_page_size:
             new_page = self._data.acquire(self._data_page_no + 1, create=True, reserve=n)
+            self._close_write_fd()  # a full page's file is not kept open (retention deletes it some day)
             self._data.release(self._data_page)
             self._data_page = new_page
             self._data_page_no += 1
@@ -1289,7 +1353,7 @@ class BigArray:
         now = time.monotonic()
         fast = now - self._data_reserved_at < _POPULATE_WITHIN_S
         self._data_reserved_at = now
-        if fast and self._prefetch and PREFETCHER.populates and room < self.data_page_size:
+        if fast and self._prefetch and PREFETCHER.populates and room < self.data_page_size and not self._writes_file:
             # A fast writer (back here within _POPULATE_WITHIN_S): reserve the next step
             # while it is still `ahead` bytes short of the reserved end, and have that
             # step faulted in (see bigarray.prefetch), so it finds the step mapped. Half

@@ -99,6 +99,43 @@ def test_items_cross_many_data_pages(tmp_path):
     assert len(page_files(tmp_path / "a" / "data")) > 60
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_batches_of_big_items_go_into_the_page_files_whole(tmp_path, prefetch):
+    """Batches of items of 4 KiB and more are written with pwritev: more items than one
+    call takes (1024), every bytes-like kind, across data pages, read back at once
+    through the mappings and after a reopen; single appends and small batches between."""
+    rng = random.Random(5)
+    items = [os.urandom(rng.randrange(4096, 12000)) for _ in range(2600)]
+    kinds = [bytes, bytearray, memoryview]
+    expected: list[bytes] = []
+    with open_array(tmp_path / "a", data_page_size=4 << 20, prefetch=prefetch) as arr:
+        k = 0
+        for n in (1500, 3, 1, 1096):  # 1500 > 1024 buffers; then a page roll inside a batch
+            arr.append_many([kinds[(k + i) % 3](item) for i, item in enumerate(items[k : k + n])])
+            arr.append(b"small")
+            arr.append_many([b"x" * 10, b"y" * 20])  # small items: through the mapping
+            expected += [*items[k : k + n], b"small", b"x" * 10, b"y" * 20]
+            k += n
+        assert arr.read_range(0, max_bytes=1 << 40) == expected
+        assert [arr.get(i) for i in range(0, arr.head, 97)] == expected[::97]
+    assert len(page_files(tmp_path / "a" / "data")) >= 5  # ~21 MB in 4 MiB pages
+    with open_array(tmp_path / "a", data_page_size=4 << 20) as arr:
+        assert arr.read_range(0, max_bytes=1 << 40) == expected
+
+
+def test_a_batch_of_items_whose_len_is_not_their_size_is_refused_whole(tmp_path):
+    """len() of a memoryview of 4-byte ints counts ints: such a batch is refused before
+    anything is written, and the next append lands where it would have."""
+    wide = memoryview(bytearray(8192 * 4)).cast("i")  # len 8192, 32 KiB
+    with open_array(tmp_path / "a", data_page_size=1 << 20, prefetch=False) as arr:
+        arr.append(b"before")
+        with pytest.raises(IndexError):
+            arr.append_many([wide, wide])
+        assert arr.head == 1
+        assert arr.append_many([b"a" * 5000, b"b" * 5000]) == 1
+        assert arr.read_range(0, max_bytes=1 << 20) == [b"before", b"a" * 5000, b"b" * 5000]
+
+
 def test_item_of_exactly_a_data_page(tmp_path):
     with open_array(tmp_path / "a") as arr:
         arr.append(b"s")

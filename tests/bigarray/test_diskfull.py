@@ -119,6 +119,33 @@ def test_file_size_limit_at_first_append(tmp_path):
     }
 
 
+def test_batches_of_big_items_are_written_through_the_mapping_past_the_file_size_limit(tmp_path):
+    """RLIMIT_FSIZE binds write() (pwritev of big items) but not a mapping: inside a page
+    file made before the limit, big batches still go in whole (the array finishes them
+    through the mapping) until the next page cannot be made: then DiskFullError."""
+    res = run_child(
+        """
+        arr = BigArray({path!r}, data_page_size=1 << 20, prefetch=False)
+        arr.append(make_item(0, 1000))  # the first data page exists, 1 MiB sparse
+        resource.setrlimit(resource.RLIMIT_FSIZE, (32 * 1024, resource.RLIM_INFINITY))
+        error = None
+        while error is None and arr.head < 10_000:
+            head = arr.head
+            try:
+                arr.append_many([make_item(head + k, 8000) for k in range(10)])
+            except DiskFullError as exc:
+                error = exc
+        result["error"] = type(error).__name__ if error else None
+        result["head"] = arr.head
+        check_all(arr)
+        arr.close()
+        """,
+        path=str(tmp_path / "a"),
+    )
+    assert res["error"] == "DiskFullError"
+    assert res["head"] > 100  # ~1 MiB of 8 KB items, most of them past the 32 KiB limit
+
+
 def test_file_size_limit_reached_on_data_page_roll(tmp_path):
     res = run_child(
         """
