@@ -485,7 +485,7 @@ class BigArray:
     ) -> int:
         """Append items in order, atomically (all or none), and return the first index.
 
-        One lock, one write per data page (items of 4 KiB or more on average go into
+        One lock, one write per data page (items of 2 KiB or more on average go into
         the page file with one ``pwritev``, smaller ones are joined and copied into the
         mapping), index items written in one numpy pass.
         Returns ``head`` unchanged when ``items`` is empty. ``counts``: how many records
