@@ -123,6 +123,48 @@ def test_batches_of_big_items_go_into_the_page_files_whole(tmp_path, prefetch):
         assert arr.read_range(0, max_bytes=1 << 40) == expected
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_single_big_items_go_into_the_page_files(tmp_path, prefetch):
+    """An append of an item of 64 KiB or more writes it with pwrite (the head page's file
+    is then open for it): every bytes-like kind, page rolls, small appends and batches
+    between, each read back at once, all of them after a reopen."""
+    rng = random.Random(6)
+    kinds = [bytes, bytearray, memoryview]
+    expected: list[bytes] = []
+    with open_array(tmp_path / "a", data_page_size=1 << 20, prefetch=prefetch) as arr:
+        for i in range(48):  # ~6 MB in 1 MiB pages
+            item = os.urandom(rng.randrange(64 << 10, 200_000))
+            assert arr.append(kinds[i % 3](item)) == len(expected)
+            assert arr._write_fd >= 0  # written through the file, not the mapping
+            expected.append(item)
+            if i % 5 == 0:
+                assert arr.append(b"small") == len(expected)
+                expected.append(b"small")
+            if i % 7 == 0:
+                assert arr.append_many([b"a" * 10, item[:100]]) == len(expected)
+                expected += [b"a" * 10, item[:100]]
+            assert arr.get(len(expected) - 1) == expected[-1]
+        assert [arr.get(i) for i in range(arr.head)] == expected
+        assert arr.read_range(0, max_bytes=1 << 40) == expected
+    assert len(page_files(tmp_path / "a" / "data")) >= 5
+    with open_array(tmp_path / "a", data_page_size=1 << 20) as arr:
+        assert [arr.get(i) for i in range(arr.head)] == expected
+
+
+def test_a_single_item_whose_len_is_not_its_size_is_refused(tmp_path):
+    """len() of a memoryview of 4-byte ints counts ints: 65,536 of them (256 KiB) are
+    refused (IndexError, as the mapping's copy refuses them) and nothing moves."""
+    wide = memoryview(bytearray((64 << 10) * 4)).cast("i")
+    with open_array(tmp_path / "a", data_page_size=1 << 20, prefetch=False) as arr:
+        arr.append(b"before")
+        with pytest.raises(IndexError):
+            arr.append(wide)
+        assert arr.head == 1
+        big = os.urandom(70_000)
+        assert arr.append(big) == 1
+        assert arr.read_range(0, max_bytes=1 << 20) == [b"before", big]
+
+
 def test_a_batch_of_items_whose_len_is_not_their_size_is_refused_whole(tmp_path):
     """len() of a memoryview of 4-byte ints counts ints: such a batch is refused before
     anything is written, and the next append lands where it would have."""

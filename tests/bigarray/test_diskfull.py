@@ -119,10 +119,20 @@ def test_file_size_limit_at_first_append(tmp_path):
     }
 
 
-def test_batches_of_big_items_are_written_through_the_mapping_past_the_file_size_limit(tmp_path):
-    """RLIMIT_FSIZE binds write() (pwritev of big items) but not a mapping: inside a page
-    file made before the limit, big batches still go in whole (the array finishes them
-    through the mapping) until the next page cannot be made: then DiskFullError."""
+# a batch of 10 items of 8 KB (pwritev), or one item of 70 KB (pwrite)
+_BIG_WRITES = {
+    "batch": ("arr.append_many([make_item(head + k, 8000) for k in range(10)])", 100),
+    "single": ("arr.append(make_item(head, 70_000))", 14),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_BIG_WRITES))
+def test_big_items_are_written_through_the_mapping_past_the_file_size_limit(tmp_path, kind):
+    """RLIMIT_FSIZE binds write() (pwritev of big batches, pwrite of big single items) but
+    not a mapping: inside a page file made before the limit, big items still go in (the
+    array finishes them through the mapping) until the next page cannot be made: then
+    DiskFullError, and head has not moved."""
+    write, at_least = _BIG_WRITES[kind]
     res = run_child(
         """
         arr = BigArray({path!r}, data_page_size=1 << 20, prefetch=False)
@@ -132,18 +142,21 @@ def test_batches_of_big_items_are_written_through_the_mapping_past_the_file_size
         while error is None and arr.head < 10_000:
             head = arr.head
             try:
-                arr.append_many([make_item(head + k, 8000) for k in range(10)])
+                assert {write} == head
             except DiskFullError as exc:
                 error = exc
+                assert arr.head == head
         result["error"] = type(error).__name__ if error else None
         result["head"] = arr.head
         check_all(arr)
         arr.close()
         """,
         path=str(tmp_path / "a"),
+        write=write,
     )
     assert res["error"] == "DiskFullError"
-    assert res["head"] > 100  # ~1 MiB of 8 KB items, most of them past the 32 KiB limit
+    # ~1 MiB of items, most of them past the 32 KiB limit (15 of 70 KB fit in the page)
+    assert res["head"] > at_least
 
 
 def test_file_size_limit_reached_on_data_page_roll(tmp_path):
