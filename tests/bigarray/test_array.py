@@ -101,9 +101,10 @@ def test_items_cross_many_data_pages(tmp_path):
 
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_batches_of_big_items_go_into_the_page_files_whole(tmp_path, prefetch):
-    """Batches of items of 4 KiB and more are written with pwritev: more items than one
-    call takes (1024), every bytes-like kind, across data pages, read back at once
-    through the mappings and after a reopen; single appends and small batches between."""
+    """Batches of items of 2 KiB and more on average are written with pwritev: more items
+    than one call takes (1024), every bytes-like kind, across data pages, read back at
+    once through the mappings and after a reopen; single appends and small batches
+    between."""
     rng = random.Random(5)
     items = [os.urandom(rng.randrange(4096, 12000)) for _ in range(2600)]
     kinds = [bytes, bytearray, memoryview]
