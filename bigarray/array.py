@@ -233,7 +233,7 @@ class BigArray:
         self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         #: The head data page's file, open for _write_through_file (-1: none).
         self._write_fd = self._write_fd_page = -1
-        self._writes_file = False  # the last batch went through _write_through_file
+        self._writes_file = False  # the last write (batch or big item) went through _write_through_file
         try:
             fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
