@@ -135,6 +135,8 @@ _NO_PAGE = _no_page()
 
 #: Index items examined per step of read_range (bounds the work beyond max_bytes).
 _READ_CHUNK_ITEMS = 16384
+#: Fewest index items a read with max_bytes converts at once (see _index_fields).
+_BUDGET_PROBE_ITEMS = 64
 
 
 def _no_release() -> None:
@@ -1028,7 +1030,7 @@ class BigArray:
         idx = start
         while idx < end:
             m = min(end - idx, fmt.slots_left_in_page(idx), _READ_CHUNK_ITEMS)
-            pages, offsets, lengths = self._index_fields(idx, m)
+            pages, offsets, lengths = self._index_fields(idx, m, budget)
             if budget >= 0:
                 ends = np.cumsum(lengths)
                 k = int(np.searchsorted(ends, budget, side="right"))
@@ -1045,16 +1047,28 @@ class BigArray:
         return chunks
 
     def _index_fields(
-        self, start: int, m: int
+        self, start: int, m: int, budget: int = -1
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Native copies of the page, offset and length fields of ``m`` index items
-        within one index page. No view of the mapping outlives the page reference."""
+        within one index page; with a ``budget`` (bytes, >= 0), of fewer when fewer
+        already hold more than it: a 1 MiB read of 10 KB items converts about 100 index
+        items, not ``m``. No view of the mapping outlives the page reference."""
         ipage = self._index.acquire(fmt.index_page_of(start))
         try:
             if ipage.view is None:  # unmapped by close() in another thread
                 raise self._closed_error()
             slot = fmt.index_slot(start)
             view = ipage.view[slot : slot + m]
+            if budget >= 0 and m > _BUDGET_PROBE_ITEMS:
+                # As many as the first item's length says fit, and one more; fourfold
+                # while they do not reach past the budget (items of varying sizes).
+                lens = view["length"]
+                w = max(_BUDGET_PROBE_ITEMS, budget // max(1, int(lens[0])) + 1)
+                while w < m and int(lens[:w].sum(dtype=np.int64)) <= budget:
+                    w *= 4
+                del lens
+                if w < m:
+                    view = view[:w]
             fields = (view["page"].astype(np.int64), view["offset"].astype(np.int64), view["length"].astype(np.int64))
             del view
             return fields

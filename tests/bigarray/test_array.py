@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -325,6 +326,46 @@ def test_read_range_max_bytes_across_read_chunks(tmp_path):
         assert arr.read_range(16_383, max_bytes=7) == items[16_383:16_384]
         assert arr.read_range(16_383, max_bytes=10) == items[16_383:16_385]
         assert arr.read_range(0, max_items=35_000, max_bytes=1 << 30) == items[:35_000]
+
+
+def _within(items: list[bytes], start: int, budget: int) -> list[bytes]:
+    """What a read from ``start`` with max_bytes ``budget`` returns: the items whose
+    lengths add up to at most the budget, and at least one."""
+    out: list[bytes] = []
+    total = 0
+    for item in items[start:]:
+        if out and total + len(item) > budget:
+            break
+        out.append(item)
+        total += len(item)
+    return out
+
+
+@pytest.mark.parametrize("read", ["read_range", "read_range_blob", "read_range_view"])
+def test_read_range_max_bytes_when_item_sizes_change(tmp_path, read):
+    """A read with max_bytes converts only the index items its budget can use, guessed
+    from the first item's length: reads whose later items are far smaller (the guess
+    falls short and grows) or larger (the guess overshoots) than the first return the
+    same items as a reference that walks them one by one."""
+    rng = random.Random(7)
+    runs = [(50, 3000), (2000, 7), (300, 100), (5, 20000), (3000, 1), (1, 60000), (4000, 2)]
+    items = [bytes([i % 251]) * size for count, size in runs for i in range(count)]
+    with open_array(tmp_path / "a", data_page_size=1 << 20) as arr:
+        arr.append_many(items)
+        starts = [0, 49, 50, 2049, 2340, 2350, 2649, 2654, 5654, len(items) - 1] + rng.sample(range(len(items)), 20)
+        for start in starts:
+            for budget in (0, 6, 7, 3000, 4000, 20000, 1 << 16, 1 << 20, rng.randrange(1, 200_000)):
+                want = _within(items, start, budget)
+                if read == "read_range":
+                    got = arr.read_range(start, max_bytes=budget)
+                else:
+                    result = getattr(arr, read)(start, max_bytes=budget)
+                    lengths, data = result[0], bytes(result[1])
+                    ends = [0, *itertools.accumulate(int(n) for n in lengths)]
+                    got = [data[a:b] for a, b in itertools.pairwise(ends)]
+                    if read == "read_range_view":
+                        result[2]()
+                assert got == want, (start, budget)
 
 
 def test_read_range_items_of_one_length_wherever_they_lie(tmp_path):
