@@ -62,9 +62,11 @@ Thread-safety: ``start``/``stop`` from the main thread; connections run in their
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -905,22 +907,25 @@ class ThriftServer(TcpServer):
 
     @staticmethod
     def _send_parts(sock: socket.socket, parts: list[Any]) -> int:
-        """Send one reply frame made of a few buffers (bytes, memoryviews, uint8
-        arrays) with scatter/gather writes: no joined copy of a big reply. Returns its
-        size (without the 4-byte length)."""
-        views = [memoryview(p).cast("B") for p in parts]
-        size = sum(v.nbytes for v in views)
-        views.insert(0, memoryview(size.to_bytes(4, "big")))
+        """Send one reply frame made of a few buffers (bytes, memoryviews, C-contiguous
+        arrays) with scatter/gather writes: no joined copy of a big reply, and no object
+        made per buffer (a 1 MiB reply of 10 KB items has some 200). Returns its size
+        (without the 4-byte length)."""
+        ends = list(itertools.accumulate([len(p) if type(p) is bytes else p.nbytes for p in parts]))
+        size = ends[-1] if ends else 0
+        header = size.to_bytes(4, "big")
         if size < 65536:
-            sock.sendall(b"".join(views))
+            sock.sendall(b"".join([header, *parts]))
             return size
-        while views:
-            sent = sock.sendmsg(views)
-            while views and sent >= views[0].nbytes:
-                sent -= views[0].nbytes
-                views.pop(0)
-            if views and sent:
-                views[0] = views[0][sent:]
+        done = sock.sendmsg([header, *parts])  # a blocking socket takes it all, unless a signal came
+        while done < 4 + size:
+            if done < 4:
+                rest = [header[done:], *parts]
+            else:
+                i = bisect.bisect_right(ends, done - 4)  # the first buffer not sent whole
+                off = done - 4 - (ends[i - 1] if i else 0)
+                rest = [memoryview(parts[i]).cast("B")[off:], *parts[i + 1 :]] if off else parts[i:]
+            done += sock.sendmsg(rest)
         return size
 
     @staticmethod
