@@ -352,7 +352,7 @@ def test_read_range_max_bytes_when_item_sizes_change(tmp_path, read):
     items = [bytes([i % 251]) * size for count, size in runs for i in range(count)]
     with open_array(tmp_path / "a", data_page_size=1 << 20) as arr:
         arr.append_many(items)
-        starts = [0, 49, 50, 2049, 2340, 2350, 2649, 2654, 5654, len(items) - 1] + rng.sample(range(len(items)), 20)
+        starts = [0, 49, 50, 2049, 2340, 2350, 2649, 2654, 5654, len(items) - 1, *rng.sample(range(len(items)), 20)]
         for start in starts:
             for budget in (0, 6, 7, 3000, 4000, 20000, 1 << 16, 1 << 20, rng.randrange(1, 200_000)):
                 want = _within(items, start, budget)
