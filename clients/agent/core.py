@@ -946,21 +946,35 @@ class Agent:
         stats = self.stats
         now = time.monotonic()
         refund = 0  # pool bytes of the chunk's messages beyond what their batches now hold
+        # Messages come in runs of one topic and partition key: the run's topic state,
+        # batch key and batch (None once dispatched) are looked up once per run.
+        run_raw: bytes | None = None
+        run_pk: int | None = None
+        st: _TopicState  # set before its first use: no message's topic is None
+        bkey: tuple[str, int] = ("", 0)
+        b: _Batch | None = None
         for f in chunk:
             raw, pk, ts, key, value = f
             if key:
                 self.keys_dropped += 1
                 self.keys_dropped_bytes += len(key)
-            st = topics.get(raw)
-            if st is None:
-                st = self._topic_state(raw)
-                topics = self._topics
-                if st is None:
-                    self.pool.free(charge_of(f))
-                    stats.discard(S.BAD_TOPIC, None, sample=raw)
-                    if self.discard_log is not None:
-                        self.discard_log.write(D.BAD_TOPIC, raw, ts, key, value)
-                    continue
+            if raw != run_raw or pk != run_pk:
+                found = topics.get(raw)
+                if found is None:
+                    found = self._topic_state(raw)
+                    topics = self._topics
+                    if found is None:
+                        self.pool.free(charge_of(f))
+                        stats.discard(S.BAD_TOPIC, None, sample=raw)
+                        if self.discard_log is not None:
+                            self.discard_log.write(D.BAD_TOPIC, raw, ts, key, value)
+                        run_raw = None
+                        continue
+                st = found
+                run_raw = raw
+                run_pk = pk
+                bkey = (st.name, -1 if pk is None else pk % n_senders)
+                b = batches.get(bkey)
             size = len(value) + 4
             if size > room:
                 self.pool.free(charge_of(f))
@@ -974,8 +988,6 @@ class Agent:
                 if self.discard_log is not None:
                     self.discard_log.write(D.RATE_LIMIT, raw, ts, key, value)
                 continue
-            bkey = (st.name, -1 if pk is None else pk % n_senders)
-            b = batches.get(bkey)
             if b is not None and b.bytes + size > room:
                 del batches[bkey]
                 self._dispatch(b)
@@ -1001,6 +1013,7 @@ class Agent:
             if b.count >= st.max_messages or b.bytes >= st.max_bytes:
                 del batches[bkey]
                 self._dispatch(b)
+                b = None
         if refund:
             self.pool.free(refund)
 

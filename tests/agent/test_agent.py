@@ -15,6 +15,7 @@ import pytest
 from clients.agent.wire import encode
 from clients.consumer import SimpleConsumer
 from clients.messages import GZIP, NO_COMPRESSION, pack_codec
+from clients.pack import decode_pack
 
 from ._dory import DoryLib, to_dory
 from .conftest import AgentProcess, address, read_topic
@@ -300,6 +301,43 @@ def test_batches_queued_for_a_broker_go_in_one_round_trip(brokers: Any, agents: 
     assert c["SendProduceRoundTrip"] - c["SendProduceRequestFail"] <= 4, c  # 16 packs per round trip at most
     for t in topics:
         assert read_topic(b, t.decode()) == [b"%s-%d" % (t, i) for i in range(5)]
+    assert a.stop() == 0
+
+
+def test_runs_of_one_topic_and_key_fill_batches_in_order_across_dispatches(brokers: Any, agents: Agents) -> None:
+    """The router looks a topic and its batch up once per run of messages with the same
+    topic and partition key: runs longer than a batch (5 messages here) continue in a new
+    batch once the full one is dispatched, and runs broken by another topic, another key
+    or a bad topic pick the right batch up again. Every message arrives, in order per
+    topic and key, in packs of at most 5."""
+    (b,) = brokers(1)
+    config = """<doryConfig><batching><namedConfigs><config name="c"><time value="300" /><messages value="5" />
+      <bytes value="disable" /></config></namedConfigs><defaultTopic action="perTopic" config="c" /></batching>
+      </doryConfig>"""
+    a = agents([address(b)], config=config)
+    runs = [(b"ra", None, 12), (b"rb", 7, 3), (b"bad/topic", None, 2), (b"ra", None, 11), (b"rb", 7, 7),
+            (b"rb", 8, 4), (b"ra", None, 1), (b"rb", 7, 5)]  # fmt: skip
+    want: dict[tuple[bytes, int | None], list[bytes]] = {}
+    msgs = []
+    for topic, pk, n in runs:
+        for _ in range(n):
+            seq = want.setdefault((topic, pk), [])
+            value = b"%s/%s/%d" % (topic, str(pk).encode(), len(seq))
+            seq.append(value)
+            msgs.append(encode(topic, value, partition_key=pk))
+    dgram_send(a.dgram, msgs)
+    good = len(msgs) - 2
+    a.wait(lambda: a.counters().get("MsgDelivered", 0) == good, message="delivered")
+    assert a.discards()["bad_topic"] == 2
+    assert read_topic(b, "ra") == want[(b"ra", None)]
+    got_rb = read_topic(b, "rb")
+    for pk in (7, 8):  # one broker: both keys land in one topic, each in its own order
+        assert [v for v in got_rb if v.startswith(b"rb/%d/" % pk)] == want[(b"rb", pk)]
+    assert len(got_rb) == 19
+    with SimpleConsumer(address(b), raw=True) as raw:
+        for t in ("ra", "rb"):
+            packs = raw.consume_by_index(t, 0).messages
+            assert packs and all(1 <= len(decode_pack(p)) <= 5 for p in packs), t
     assert a.stop() == 0
 
 
