@@ -74,7 +74,7 @@ import threading
 import time
 import unicodedata
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from thriftpy2.thrift import TApplicationException
@@ -91,7 +91,7 @@ from . import stats as S
 from .config import CODECS, AgentConfig, RateLimit
 from .discardlog import DiscardLog, values_of
 from .mmsg import batch_receiver
-from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_fields
+from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_fields, parse_many
 
 log = logging.getLogger("luxun.agent")
 
@@ -267,37 +267,47 @@ class _Intake:
         self.pending: list[Fields] = []
         self.pending_charge = 0
 
-    def accept(self, data: bytes) -> None:
+    def accept_all(self, messages: Sequence[bytes]) -> None:
+        """Take each message (a datagram or a stream frame): parsed (the common case
+        without a Python call per message, see :func:`~clients.agent.wire.parse_many`),
+        charged to the pool and queued for the router, or counted as discarded."""
+        for data, f in zip(messages, parse_many(messages), strict=True):
+            if f is None:
+                f = self._parse_or_discard(data)
+                if f is None:
+                    continue
+            charge = len(data) + MSG_OVERHEAD_BYTES
+            if charge > self.credit:
+                self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
+                if charge > self.credit:
+                    self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                    if self.agent.discard_log is not None:
+                        self.agent.discard_log.write(D.NO_MEM, f[0], f[2], f[3], f[4])
+                    continue
+            self.credit -= charge
+            self.pending_charge += charge
+            self.pending.append(f)
+            if len(self.pending) >= _HANDOVER_MESSAGES:
+                self.flush(idle=False)
+
+    def _parse_or_discard(self, data: bytes) -> Fields | None:
+        """A message off the fast path: its fields, or None when it is counted as a
+        discard (malformed, unsupported API key or version: Dory's checks, in its order)."""
         try:
-            f = parse_fields(data)
+            return parse_fields(data)
         except Malformed:
             self.agent.stats.discard(S.MALFORMED, None, sample=data)
             if self.agent.discard_log is not None:
                 self.agent.discard_log.write(D.MALFORMED, b"", None, b"", data)
-            return
         except UnsupportedApiKey as exc:
             self.agent.stats.discard(S.UNSUPPORTED_API_KEY, None, sample=data)
             if self.agent.discard_log is not None:
                 self.agent.discard_log.write(f"API_KEY({exc.api_key})", b"", None, b"", data)
-            return
         except UnsupportedVersion as exc:
             self.agent.stats.discard(S.UNSUPPORTED_VERSION, None, sample=data, version=exc.version)
             if self.agent.discard_log is not None:
                 self.agent.discard_log.write(f"VERSION({exc.version})", b"", None, b"", data)
-            return
-        charge = len(data) + MSG_OVERHEAD_BYTES
-        if charge > self.credit:
-            self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
-            if charge > self.credit:
-                self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
-                if self.agent.discard_log is not None:
-                    self.agent.discard_log.write(D.NO_MEM, f[0], f[2], f[3], f[4])
-                return
-        self.credit -= charge
-        self.pending_charge += charge
-        self.pending.append(f)
-        if len(self.pending) >= _HANDOVER_MESSAGES:
-            self.flush(idle=False)
+        return None
 
     def flush(self, *, idle: bool) -> None:
         """Hand pending messages to the router; ``idle``: give back unused pool credit."""
@@ -696,7 +706,7 @@ class Agent:
     def _read_datagrams(self, s: socket.socket) -> None:
         size = self.config.max_datagram_bytes
         intake = self._intake(DGRAM)
-        accept = intake.accept
+        accept_all = intake.accept_all
         rx = batch_receiver(s, size) if os.environ.get("LUXUN_AGENT_RECVMMSG", "1") != "0" else None
         receive = rx.receive if rx is not None else (lambda: [s.recv(size)])
         handover_at = 0.0  # when the messages read so far go to the router at the latest
@@ -725,15 +735,14 @@ class Agent:
                     continue
                 except OSError:
                     break
-                for data in batch:
-                    accept(data)
+                accept_all(batch)
             if self._stopping:
-                self._drain_datagrams(s, receive, accept)
+                self._drain_datagrams(s, receive, accept_all)
         finally:
             intake.flush(idle=True)
 
     def _drain_datagrams(self, s: socket.socket, receive: Callable[[], list[bytes]],
-                         accept: Callable[[bytes], None]) -> None:  # fmt: skip
+                         accept_all: Callable[[list[bytes]], None]) -> None:  # fmt: skip
         """At stop: refuse new datagrams (after ``SHUT_RD`` a sender's ``send``/``sendto``
         fails with EPIPE on Linux; one blocked on a full queue gets it when woken), then read
         the ones the kernel queued (net.unix.max_dgram_qlen + 1 at most) like any other."""
@@ -746,8 +755,7 @@ class Agent:
                 return
             if not batch:
                 return
-            for data in batch:
-                accept(data)
+            accept_all(batch)
 
     def _accept_loop(self, s: socket.socket, transport: int) -> None:
         s.setblocking(False)
@@ -794,7 +802,7 @@ class Agent:
         limit = self.config.max_stream_msg_bytes
         rest = b""
         intake = self._intake(transport)
-        accept = intake.accept
+        accept_all = intake.accept_all
         try:
             conn.setblocking(True)
             # Until the end of the stream: at stop, Agent.stop shuts the connection down
@@ -820,24 +828,27 @@ class Agent:
                 data = rest + chunk if rest else chunk
                 n = len(data)
                 pos = 0
+                frames: list[bytes] = []
+                size = 4
                 while n - pos >= 4:
                     size = int.from_bytes(data[pos : pos + 4], "big", signed=True)
-                    if size < 4:
-                        self.stats.incr(f"{prefix}InvalidSizeField")
-                        self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 4])
-                        if self.discard_log is not None:
-                            self.discard_log.write(D.MALFORMED, b"", None, b"", data[pos:])
-                        return
-                    if size - 4 > limit:
-                        self.stats.incr(f"{prefix}MsgBodyTooLarge")
-                        self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 64])
-                        if self.discard_log is not None:
-                            self.discard_log.write(D.MALFORMED, b"", None, b"", data[pos:])
-                        return
-                    if n - pos < size:
+                    if size < 4 or size - 4 > limit or n - pos < size:
                         break
-                    accept(data[pos : pos + size])
+                    frames.append(data[pos : pos + size])
                     pos += size
+                accept_all(frames)  # the frames before a bad Size count, as they come first
+                if size < 4:
+                    self.stats.incr(f"{prefix}InvalidSizeField")
+                    self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 4])
+                    if self.discard_log is not None:
+                        self.discard_log.write(D.MALFORMED, b"", None, b"", data[pos:])
+                    return
+                if size - 4 > limit:
+                    self.stats.incr(f"{prefix}MsgBodyTooLarge")
+                    self.stats.discard(S.MALFORMED, None, sample=data[pos : pos + 64])
+                    if self.discard_log is not None:
+                        self.discard_log.write(D.MALFORMED, b"", None, b"", data[pos:])
+                    return
                 rest = data[pos:]
                 intake.flush(idle=False)
         finally:

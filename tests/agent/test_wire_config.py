@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import struct
 from pathlib import Path
 
 import pytest
 
 from clients.agent.config import AgentConfigError, load_dory_config
-from clients.agent.wire import Malformed, UnsupportedApiKey, UnsupportedVersion, encode, parse
+from clients.agent.wire import Malformed, Message, UnsupportedApiKey, UnsupportedVersion, encode, parse, parse_many
 
 from ._dory import DoryLib
 
@@ -66,6 +67,42 @@ def _bad_cases() -> list[tuple[str, bytes, type]]:
 def test_validation_order(name: str, data: bytes, error: type) -> None:
     with pytest.raises(error):
         parse(data)
+
+
+def test_parse_many_reads_what_parse_reads_and_leaves_the_rest_to_it() -> None:
+    """The many-message fast path gives the fields parse() gives for every valid message
+    without a Key, and None for every other message (keyed, or failing any check), so
+    that parse() decides those: over the bad cases and over random byte changes."""
+    rng = random.Random(3)
+    valid = [
+        encode(b"t", b"v"),
+        encode(b"topic", b""),
+        encode(b"t" * 300, b"x" * 5000, timestamp_ms=-7),
+        encode(b"k", b"v", partition_key=2**32 - 1),
+        encode(b"k", b"v", partition_key=0, timestamp_ms=9),
+    ]
+    keyed = [encode(b"t", b"v", key=b"key"), encode(b"t", b"v", partition_key=5, key=b"k")]
+    messages = valid + keyed + [data for _, data, _ in _bad_cases()]
+    for _ in range(3000):
+        b = bytearray(rng.choice(valid + keyed))
+        for _ in range(rng.randint(1, 3)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        messages.append(bytes(b[: rng.randint(0, len(b))]) if rng.random() < 0.2 else bytes(b))
+    got = parse_many(messages)
+    assert len(got) == len(messages)
+    for data, f in zip(messages, got, strict=True):
+        try:
+            want = parse(data)
+        except ValueError:
+            assert f is None, data
+            continue
+        if want.key:
+            assert f is None, data
+        elif f is None:  # a valid message the fast path leaves: only one with a Key
+            raise AssertionError(f"fast path missed a valid message without a Key: {data!r}")
+        else:
+            assert Message(*f) == want, data
+    assert all(f is not None for f in parse_many(valid))
 
 
 EXAMPLE = """<?xml version="1.0" encoding="US-ASCII"?>
