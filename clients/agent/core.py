@@ -91,7 +91,7 @@ from . import stats as S
 from .config import CODECS, AgentConfig, RateLimit
 from .discardlog import DiscardLog, values_of
 from .mmsg import batch_receiver
-from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_fields, parse_many
+from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_checked, parse_many
 
 log = logging.getLogger("luxun.agent")
 
@@ -294,10 +294,11 @@ class _Intake:
                 self.flush(idle=False)
 
     def _parse_or_discard(self, data: bytes) -> Fields | None:
-        """A message off the fast path: its fields, or None when it is counted as a
-        discard (malformed, unsupported API key or version: Dory's checks, in its order)."""
+        """A message off parse_many's fast path: its fields (a valid message with a Key),
+        or None when it is counted as a discard (malformed, unsupported API key or
+        version: Dory's checks, in its order); the fast path is not tried again."""
         try:
-            return parse_fields(data)
+            return parse_checked(data)
         except Malformed:
             self.agent.stats.discard(S.MALFORMED, None, sample=data)
             if self.agent.discard_log is not None:
