@@ -91,7 +91,7 @@ from . import stats as S
 from .config import CODECS, AgentConfig, RateLimit
 from .discardlog import DiscardLog, values_of
 from .mmsg import batch_receiver
-from .wire import Fields, Malformed, UnsupportedApiKey, UnsupportedVersion, parse_checked, parse_many
+from .wire import Fields, Malformed, Run, UnsupportedApiKey, UnsupportedVersion, parse_checked, parse_runs
 
 log = logging.getLogger("luxun.agent")
 
@@ -261,40 +261,59 @@ class _Intake:
     blocks of up to ``_CREDIT_BYTES`` (so the pool lock is taken once per block, not per
     message) and hands messages to the router in chunks."""
 
-    __slots__ = ("agent", "credit", "pending", "pending_charge", "transport")
+    __slots__ = ("agent", "credit", "fast_max", "pending", "pending_charge", "pending_count", "transport")
 
     def __init__(self, agent: Agent, transport: int) -> None:
         self.agent = agent
         self.transport = transport
         self.credit = 0
-        self.pending: list[Fields] = []
+        self.pending: list[Fields | Run] = []
         self.pending_charge = 0
+        self.pending_count = 0
+        #: a message of at most this many bytes fits a pack (longer ones go one by one,
+        #: to be discarded as too large by the router)
+        self.fast_max = agent.config.message_max_bytes - PACK_OVERHEAD_BYTES
 
     def accept_all(self, messages: Sequence[bytes]) -> None:
-        """Take each message (a datagram or a stream frame): parsed (the common case
-        without a Python call per message, see :func:`~clients.agent.wire.parse_many`),
+        """Take each message (a datagram or a stream frame): parsed (the common case in
+        runs, without a Python call per message, see :func:`~clients.agent.wire.parse_runs`),
         charged to the pool and queued for the router, or counted as discarded."""
-        for data, f in zip(messages, parse_many(messages), strict=True):
-            if f is None:
-                f = self._parse_or_discard(data)
+        for item in parse_runs(messages, self.fast_max):
+            if isinstance(item, Run):
+                charge = item.size + item.count * MSG_OVERHEAD_BYTES
+                if charge > self.credit:
+                    self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
+                if charge <= self.credit:
+                    self.credit -= charge
+                    self._queue(item, charge, item.count)
+                    continue
+                fields = item.fields()  # the pool is short: message by message
+            else:
+                f = self._parse_or_discard(item)
                 if f is None:
                     continue
-            charge = len(data) + MSG_OVERHEAD_BYTES
-            if charge > self.credit:
-                self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
+                fields = [f]
+            for f in fields:
+                charge = charge_of(f)
                 if charge > self.credit:
-                    self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
-                    if self.agent.discard_log is not None:
-                        self.agent.discard_log.write(D.NO_MEM, f[0], f[2], f[3], f[4])
-                    continue
-            self.credit -= charge
-            self.pending_charge += charge
-            self.pending.append(f)
-            if len(self.pending) >= _HANDOVER_MESSAGES:
-                self.flush(idle=False)
+                    self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
+                    if charge > self.credit:
+                        self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                        if self.agent.discard_log is not None:
+                            self.agent.discard_log.write(D.NO_MEM, f[0], f[2], f[3], f[4])
+                        continue
+                self.credit -= charge
+                self._queue(f, charge, 1)
+
+    def _queue(self, item: Fields | Run, charge: int, count: int) -> None:
+        self.pending_charge += charge
+        self.pending_count += count
+        self.pending.append(item)
+        if self.pending_count >= _HANDOVER_MESSAGES:
+            self.flush(idle=False)
 
     def _parse_or_discard(self, data: bytes) -> Fields | None:
-        """A message off parse_many's fast path: its fields (a valid message with a Key),
+        """A message off parse_runs's fast path: its fields (a valid message with a Key),
         or None when it is counted as a discard (malformed, unsupported API key or
         version: Dory's checks, in its order); the fast path is not tried again."""
         try:
@@ -316,9 +335,10 @@ class _Intake:
     def flush(self, *, idle: bool) -> None:
         """Hand pending messages to the router; ``idle``: give back unused pool credit."""
         if self.pending:
-            self.agent._push(self.transport, self.pending, self.pending_charge)
+            self.agent._push(self.transport, self.pending, self.pending_charge, self.pending_count)
             self.pending = []
             self.pending_charge = 0
+            self.pending_count = 0
         if idle and self.credit:
             self.agent.pool.free(self.credit)
             self.credit = 0
@@ -330,6 +350,14 @@ def _bytes_queued(conn: socket.socket) -> int:
         return int(struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
     except (OSError, ValueError):
         return 0
+
+
+def _messages_of(chunk: list[Fields | Run]) -> Iterator[Fields]:
+    for f in chunk:
+        if isinstance(f, Run):
+            yield from f.fields()
+        else:
+            yield f
 
 
 def charge_of(f: Fields) -> int:
@@ -501,7 +529,7 @@ class Agent:
         self.pid = os.getpid()
         self.stats = S.Stats(config.discard_report_interval_s, config.bad_msg_prefix_bytes)
         self.pool = Pool(config.max_buffer_bytes)
-        self._inq: deque[tuple[int, list[Fields], int]] = deque()
+        self._inq: deque[tuple[int, list[Fields | Run], int, int]] = deque()  # (transport, chunk, charge, count)
         self._transit = 0  # pool bytes of the messages in _inq
         self._transit_lock = threading.Lock()
         self._reroutes: deque[_Batch] = deque()
@@ -682,14 +710,14 @@ class Agent:
     def _intake(self, transport: int) -> _Intake:
         return _Intake(self, transport)
 
-    def _push(self, transport: int, chunk: list[Fields], charge: int) -> None:
+    def _push(self, transport: int, chunk: list[Fields | Run], charge: int, count: int) -> None:
         """Queue a chunk for the router; while the messages waiting for it hold more than
         an eighth of the pool or _TRANSIT_MAX_BYTES, wait (the router is behind: reading on
         would only pile up per-message objects, whose memory Python's allocator keeps after
         they are freed; they take about twice their charge in RSS)."""
         with self._transit_lock:
             self._transit += charge
-            self._inq.append((transport, chunk, charge))
+            self._inq.append((transport, chunk, charge, count))
         if not self._wake_router.is_set():
             self._wake_router.set()
         limit = min(self.pool.capacity // 8, _TRANSIT_MAX_BYTES)
@@ -882,8 +910,10 @@ class Agent:
                     self._dispatch(reroutes.popleft())
                 n = 0
                 while inq and n < 64:
-                    transport, chunk, charge = inq.popleft()
-                    route(transport, chunk)
+                    transport, chunk, charge, count = inq.popleft()
+                    self.received[transport] += count
+                    self.handovers += 1
+                    route(chunk)
                     with self._transit_lock:
                         self._transit -= charge
                     n += 1
@@ -923,10 +953,10 @@ class Agent:
         self._batches.clear()
         self._reroutes.clear()
         while self._inq:
-            _, chunk, charge = self._inq.popleft()
+            _, chunk, charge, _ = self._inq.popleft()
             with self._transit_lock:
                 self._transit -= charge
-            for f in chunk:
+            for f in _messages_of(chunk):
                 self.pool.free(charge_of(f))
                 self.stats.discard(S.SHUTDOWN, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
                 if self.discard_log is not None:
@@ -954,9 +984,7 @@ class Agent:
         self._topics[raw] = state
         return state
 
-    def _route_chunk(self, transport: int, chunk: list[Fields]) -> None:
-        self.received[transport] += len(chunk)
-        self.handovers += 1
+    def _route_chunk(self, chunk: list[Fields] | list[Fields | Run]) -> None:
         room = self.config.message_max_bytes - PACK_OVERHEAD_BYTES  # a pack's bytes of values
         n_senders = len(self.senders)
         batches = self._batches
@@ -972,6 +1000,46 @@ class Agent:
         bkey: tuple[str, int] = ("", 0)
         b: _Batch | None = None
         for f in chunk:
+            if isinstance(f, Run):
+                if f.topic != run_raw or f.pk != run_pk:
+                    found = topics.get(f.topic)
+                    if found is None:
+                        found = self._topic_state(f.topic)
+                        topics = self._topics
+                    if found is not None:  # (a bad topic: message by message, below)
+                        st = found
+                        run_raw = f.topic
+                        run_pk = f.pk
+                        bkey = (st.name, -1 if run_pk is None else run_pk % n_senders)
+                        b = batches.get(bkey)
+                nbytes = len(f.values)
+                used = b.bytes if b is not None else 0
+                if (f.topic == run_raw and st.limiter is None and used + nbytes <= room
+                        and (b.count if b is not None else 0) + f.count < st.max_messages
+                        and used + nbytes < st.max_bytes):  # fmt: skip
+                    # the whole run goes into the batch: what the loop below does for each
+                    # of its messages, at once
+                    if b is None:
+                        group = bkey[1]
+                        b = batches[bkey] = _Batch(st.name, group, None if group < 0 else group, now, st.linger_s)
+                    b.written += f.values
+                    b.count += f.count
+                    b.bytes += nbytes
+                    charge = f.size + f.count * MSG_OVERHEAD_BYTES
+                    held = min(charge, nbytes + (nbytes >> 3) + 16 * f.count)
+                    refund += charge - held
+                    b.charge += held
+                    ts = min(f.timestamps)
+                    if ts < b.min_ts:
+                        b.min_ts = ts
+                    ts = max(f.timestamps)
+                    if ts > b.max_ts:
+                        b.max_ts = ts
+                    continue
+                # a new topic, a rate limit, or a batch it does not fit: message by message
+                self._route_chunk(f.fields())
+                run_raw = None  # the batch may have been dispatched
+                continue
             raw, pk, ts, key, value = f
             if key:
                 self.keys_dropped += 1

@@ -78,7 +78,7 @@ class StatusPages:
     def queues(self) -> dict[str, Any]:
         rows = [{"topic": t, **q} for t, q in sorted(self.agent.queues().items())]
         return {"pid": self.agent.pid, "version": VERSION, "now": int(time.time()), "sending": rows,
-                "new": sum(len(c) for _, c, _ in list(self.agent._inq))}  # fmt: skip
+                "new": sum(n for _, _, _, n in list(self.agent._inq))}  # fmt: skip
 
     def metadata_fetch_time(self) -> dict[str, Any]:
         ms = self.agent.metadata_updated_ms

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import struct
 from pathlib import Path
@@ -9,7 +10,17 @@ from pathlib import Path
 import pytest
 
 from clients.agent.config import AgentConfigError, load_dory_config
-from clients.agent.wire import Malformed, Message, UnsupportedApiKey, UnsupportedVersion, encode, parse, parse_many
+from clients.agent.wire import (
+    Malformed,
+    Message,
+    Run,
+    UnsupportedApiKey,
+    UnsupportedVersion,
+    encode,
+    parse,
+    parse_checked,
+    parse_runs,
+)
 
 from ._dory import DoryLib
 
@@ -69,40 +80,74 @@ def test_validation_order(name: str, data: bytes, error: type) -> None:
         parse(data)
 
 
-def test_parse_many_reads_what_parse_reads_and_leaves_the_rest_to_it() -> None:
-    """The many-message fast path gives the fields parse() gives for every valid message
-    without a Key, and None for every other message (keyed, or failing any check), so
-    that parse() decides those: over the bad cases and over random byte changes."""
+def _flatten(items: list[Run | bytes]) -> list[tuple[bytes, Message | None]]:
+    """parse_runs' answer message by message: (the run's topic, the message) for a message
+    of a run, (the bytes, None) for one left to parse_checked."""
+    out: list[tuple[bytes, Message | None]] = []
+    for item in items:
+        if isinstance(item, Run):
+            assert item.count == len(item.timestamps) > 0
+            fields = item.fields()
+            assert b"".join(len(f[4]).to_bytes(4, "big") + f[4] for f in fields) == item.values
+            assert item.size == sum(len(encode(f[0], f[4], partition_key=f[1])) for f in fields)
+            out.extend((item.topic, Message(*f)) for f in fields)
+        else:
+            out.append((item, None))
+    return out
+
+
+def test_parse_runs_reads_what_parse_checked_reads_and_leaves_the_rest_to_it() -> None:
+    """The many-message fast path gives, in order, the messages parse_checked reads for every
+    valid message without a Key (grouped in runs of one topic and partition key), and the
+    bytes of every other message (keyed, or failing any check), so that parse_checked
+    decides those: over the bad cases, and over random byte changes and cuts of messages
+    sent right after a valid one of the same shape (the run's shortcut compares with it)."""
     rng = random.Random(3)
     valid = [
         encode(b"t", b"v"),
+        encode(b"u", b"v"),  # same length and shape as the one before, another topic
         encode(b"topic", b""),
         encode(b"t" * 300, b"x" * 5000, timestamp_ms=-7),
         encode(b"k", b"v", partition_key=2**32 - 1),
-        encode(b"k", b"v", partition_key=0, timestamp_ms=9),
+        encode(b"k", b"v", partition_key=0, timestamp_ms=9),  # same length, another key
+        encode(b"k", b"vv", partition_key=0),
     ]
-    keyed = [encode(b"t", b"v", key=b"key"), encode(b"t", b"v", partition_key=5, key=b"k")]
+    keyed = [encode(b"t", b"v", key=b"key"), encode(b"t", b"", key=b"v"), encode(b"t", b"v", partition_key=5, key=b"k")]
     messages = valid + keyed + [data for _, data, _ in _bad_cases()]
     for _ in range(3000):
-        b = bytearray(rng.choice(valid + keyed))
+        base = rng.choice(valid + keyed)
+        messages.append(base)
+        b = bytearray(base)
         for _ in range(rng.randint(1, 3)):
             b[rng.randrange(len(b))] = rng.randrange(256)
         messages.append(bytes(b[: rng.randint(0, len(b))]) if rng.random() < 0.2 else bytes(b))
-    got = parse_many(messages)
+        if rng.random() < 0.3:  # a run: the same message with another timestamp
+            f = parse_checked(base)
+            messages.append(encode(f[0], f[4], partition_key=f[1], timestamp_ms=rng.randrange(-(2**63), 2**63), key=f[3]))
+    items = parse_runs(messages)
+    got = _flatten(items)
     assert len(got) == len(messages)
-    for data, f in zip(messages, got, strict=True):
+    for data, (topic, m) in zip(messages, got, strict=True):
         try:
-            want = parse(data)
+            want = Message(*parse_checked(data))
         except ValueError:
-            assert f is None, data
+            assert m is None and topic == data
             continue
         if want.key:
-            assert f is None, data
-        elif f is None:  # a valid message the fast path leaves: only one with a Key
+            assert m is None and topic == data
+        elif m is None:  # a valid message the fast path leaves: only one with a Key
             raise AssertionError(f"fast path missed a valid message without a Key: {data!r}")
         else:
-            assert Message(*f) == want, data
-    assert all(f is not None for f in parse_many(valid))
+            assert (topic, m) == (want.topic, want), data
+            assert parse(data) == want
+    for a, b in itertools.pairwise(items):  # runs are as long as they can be
+        if isinstance(a, Run) and isinstance(b, Run):
+            assert (a.topic, a.pk) != (b.topic, b.pk)
+    assert sum(isinstance(i, Run) for i in items) < len(messages) // 2
+    # longer than max_len: left to parse_checked (the router discards it as too large)
+    long, short = encode(b"t", b"x" * 100), encode(b"t", b"y")
+    assert _flatten(parse_runs([short, long, short], len(long) - 1)) == [
+        (b"t", Message(b"t", None, 0, b"", b"y")), (long, None), (b"t", Message(b"t", None, 0, b"", b"y"))]  # fmt: skip
 
 
 EXAMPLE = """<?xml version="1.0" encoding="US-ASCII"?>
