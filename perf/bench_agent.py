@@ -28,6 +28,11 @@ and Dory's C library write) with plain ``socket`` calls, as fast as they can, fo
 
 Peer in the same run: the same number of processes calling ``Producer.send`` (sync,
 batches of 1000, linger 5 ms) straight to the broker for the same time, then ``flush``.
+Floor of the datagram input in the same run (``reader/dgram``): the same clients sending
+to a process that only drains its socket as the agent does (``recvmmsg``, 16 at a time)
+and counts, with no parsing, batching or broker: what the kernel lets one Python reader
+take on this machine at that moment (a UNIX datagram queue holds
+``net.unix.max_dgram_qlen`` messages, so senders are held and woken every few of them).
 
 Targets (printed as reached or not): >= 200 k msgs/s of 100 B through the datagram input
 end to end; client cost under 10 us per message; agent RSS bounded by its pool.
@@ -42,6 +47,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -59,6 +65,8 @@ from _common import REPO, collect_reports, dist_versions, fmt_rate, free_port, l
 
 sys.path.insert(0, str(REPO))
 
+from clients.agent.config import AgentConfig
+from clients.agent.mmsg import batch_receiver
 from clients.agent.wire import encode
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_agent.json"
@@ -126,6 +134,27 @@ def producer_client(spec: dict[str, Any], start: Any, results: Any) -> None:
             t1 = time.monotonic()
             dropped = sum(sum(r.values()) for r in p.metrics()["dropped"].values())
         results.put({"sent": n, "t0": t0, "t1": t1, "cpu_s": c1 - c0, "delivered_at": t1, "dropped": dropped})
+    except Exception:
+        results.put({"error": traceback.format_exc()})
+
+
+def floor_reader(path: str, ready: Any, stop: Any, results: Any) -> None:
+    """Drain a datagram socket as the agent's input does and count, nothing else."""
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind(path)
+        s.setblocking(False)
+        size = AgentConfig().max_datagram_bytes
+        rx = batch_receiver(s, size)
+        receive = rx.receive if rx is not None else (lambda: [s.recv(size)])
+        n = 0
+        ready.set()
+        while not stop.is_set():
+            try:
+                n += len(receive())
+            except BlockingIOError:
+                select.select([s], [], [], 0.05)
+        results.put({"received": n, "cpu_s": time.process_time()})
     except Exception:
         results.put({"error": traceback.format_exc()})
 
@@ -273,6 +302,48 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
     }
 
 
+def measure_floor(size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The same clients as measure_agent's, sending datagrams to floor_reader."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-agent-floor-"))
+    try:
+        ctx = mp.get_context("fork")
+        ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
+        reader = ctx.Process(target=floor_reader, args=(str(tmp / "dg"), ready, stop, results), daemon=True)
+        reader.start()
+        if not ready.wait(30):
+            raise RuntimeError("the floor reader did not start")
+        spec = {"transport": "dgram", "size": size, "topic": "floor", "dgram": str(tmp / "dg"),
+                "seconds": args.seconds, "max_messages": args.max_messages}  # fmt: skip
+        reports = run_clients(agent_client, [spec] * args.clients, args.seconds + 60)
+        time.sleep(0.2)  # the last datagrams queued
+        stop.set()
+        (got,) = collect_reports([reader], results, 30, "floor reader")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sent = sum(r["sent"] for r in reports)
+    t0 = min(r["t0"] for r in reports)
+    send_s = max(r["t1"] for r in reports) - t0
+    return {
+        "path": "reader/dgram",
+        "size": size,
+        "clients": args.clients,
+        "sent": sent,
+        "delivered": got["received"],
+        "discarded": 0,
+        "send_seconds": round(send_s, 3),
+        "end_to_end_seconds": round(send_s, 3),
+        "end_to_end_msgs_per_s": round(got["received"] / send_s),
+        "client_send_msgs_per_s": round(sent / send_s),
+        "client_cpu_us_per_msg": round(1e6 * sum(r["cpu_s"] for r in reports) / sent, 2),
+        "client_wall_us_per_msg": round(1e6 * sum(r["t1"] - r["t0"] for r in reports) / sent, 2),
+        "agent_peak_rss_mib": None,
+        "agent_cpu_us_per_msg": None,
+        "agent_sys_us_per_msg": None,
+        "agent_context_switches_per_1k_msgs": None,
+        "complete": got["received"] == sent,
+    }
+
+
 def measure_producer(broker: str, size: int, args: argparse.Namespace, run_id: str) -> dict[str, Any]:
     spec = {"broker": broker, "size": size, "topic": f"producer-{size}-{run_id}", "seconds": args.seconds,
             "max_messages": args.max_messages, "drain_seconds": args.drain_seconds}  # fmt: skip
@@ -312,7 +383,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-messages", type=int, default=2_000_000, help="per client at most (default 2000000)")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="wait for delivery at most (default 30)")
     p.add_argument("--max-buffer", default="64m", help="the agent's pool (default 64m)")
-    p.add_argument("--no-peer", action="store_true", help="skip the Producer-direct peer")
+    p.add_argument("--no-peer", action="store_true", help="skip the Producer-direct peer and the datagram floor")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
     return p.parse_args(argv)
 
@@ -350,8 +421,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"{row['agent_context_switches_per_1k_msgs']} context switches per 1000 msgs",
                           file=sys.stderr)  # fmt: skip
                 if not args.no_peer:
-                    row = measure_producer(address, size, args, run_id)
-                    rows.append(row)
+                    if "dgram" in transports:
+                        rows.append(measure_floor(size, args))
+                    rows.append(measure_producer(address, size, args, run_id))
         finally:
             stopped = agent.stop()
     print()
