@@ -6,7 +6,9 @@ Threads (as in Dory):
   stream, TCP on 127.0.0.1) and one thread per connection. They only read, validate the
   wire format (:mod:`clients.agent.wire`), take the message's bytes from the pool and
   append it to the router's queue: a datagram socket is drained without a system call more
-  than ``recv`` per message while messages are waiting.
+  than ``recv`` per message while messages are waiting. Messages of one topic and partition
+  key in a row travel as one :class:`~clients.agent.wire.Run` (their values as a pack lists
+  them), which the router writes into its batch at once.
 - **router**: checks the topic name (and, ``topicAutocreate`` off, that a broker lists it),
   the size and the topic's rate limit; batches per topic (and per broker for PartitionKey
   messages) until the topic's time, count or byte limit; hands a closed batch to a sender.
