@@ -123,7 +123,8 @@ def test_parse_runs_reads_what_parse_checked_reads_and_leaves_the_rest_to_it() -
         messages.append(bytes(b[: rng.randint(0, len(b))]) if rng.random() < 0.2 else bytes(b))
         if rng.random() < 0.3:  # a run: the same message with another timestamp
             f = parse_checked(base)
-            messages.append(encode(f[0], f[4], partition_key=f[1], timestamp_ms=rng.randrange(-(2**63), 2**63), key=f[3]))
+            ts = rng.randrange(-(2**63), 2**63)
+            messages.append(encode(f[0], f[4], partition_key=f[1], timestamp_ms=ts, key=f[3]))
     items = parse_runs(messages)
     got = _flatten(items)
     assert len(got) == len(messages)
