@@ -158,6 +158,10 @@ _WRITE_THROUGH_FILE_MIN_ITEM = 2048
 #: 20-50 KB with 4 clients no gain or a loss (the write lets go of the GIL).
 _WRITE_THROUGH_FILE_MIN_SINGLE = 64 << 10
 _IOV_MAX = 1024  # buffers per pwritev (Linux's UIO_MAXIOV)
+#: append_many of at most this many items takes append's inlined path for each when they
+#: fit its room (BigArray._append_small_batch). In process, 100 B / 1 KB items, us per item
+#: through numpy's path: 22.9 / 27.8 (1 item), 3.7 / 5.1 (8), 0.85 / 1.18 (32), 0.54 / 0.84 (64).
+_SMALL_BATCH_ITEMS = 32
 #: How many items just below head are checked when an array is opened.
 DEFAULT_RECOVERY_CHECK_ITEMS = 4096
 
@@ -522,6 +526,14 @@ class BigArray:
             if self._closed:
                 raise self._closed_error()
             first = self._head
+            if (
+                count <= _SMALL_BATCH_ITEMS
+                and counts is None
+                and kind == 0
+                and first + count <= self._index_fast_end
+                and self._append_small_batch(batch, first)
+            ):
+                return first
             aux, end = self._batch_aux(first, count, counts, kind)
             if count == 0:
                 return first
@@ -567,6 +579,37 @@ class BigArray:
             self._head_cell.value = first + count
             self._arm_fast_append()  # a counted batch sends append to its general path
             return first
+
+    def _append_small_batch(self, batch: list[Any] | tuple[Any, ...], first: int) -> bool:
+        """:meth:`append_many` of a few plain items that fit the room armed for
+        :meth:`append`'s inlined path (so every check that room implies holds), lock held:
+        each copied into the mapping and its index item packed as ``append`` does, with
+        no numpy (whose fixed cost, ~20 us a call, is that of 20-30 appends); head moves
+        once, after the last. False, nothing written, when they do not fit that room or
+        average 2 KiB or more (those go into the file with ``pwritev``)."""
+        off = self._data_off
+        lengths = [len(item) for item in batch]
+        total = sum(lengths)
+        if off + total > self._data_fast_end or total >= _WRITE_THROUGH_FILE_MIN_ITEM * len(batch):
+            return False
+        mm, imm, page_no = self._data_mm, self._index_mm, self._data_page_no
+        ts = _time_ns() // 1_000_000  # now_ms(), inlined (the armed room implies that clock)
+        if ts < self._last_ts:
+            ts = self._last_ts
+        else:
+            self._last_ts = ts
+        idx = first
+        for item, n in zip(batch, lengths, strict=True):
+            end = off + n
+            mm[off:end] = item
+            _pack_plain_index_item(imm, (idx & _SLOT_MASK) << _SLOT_BITS, page_no, off, n, ts)
+            off = end
+            idx += 1
+        self._data_off = off
+        self._next_offset = idx  # before head: see find_offset
+        self._head = idx
+        self._head_cell.value = idx  # the commit point
+        return True
 
     def _batch_aux(
         self, first: int, n: int, counts: Sequence[int] | np.ndarray[Any, Any] | None, kind: int
