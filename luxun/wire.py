@@ -47,6 +47,16 @@ _HEAD_I32 = struct.Struct(">i")
 _PRODUCE_HEAD = struct.Struct(f">i{len(_PRODUCE)}si{len(_ARGS_ITEM)}si")
 _ASYNC_PRODUCE_HEAD = struct.Struct(f">i{len(_ASYNC_PRODUCE)}si{len(_ARGS_ITEM)}si")
 _TOPIC_HEAD = struct.Struct(f">{len(_TOPIC_FIELD)}si")
+#: An asyncProduce call in the canonical layout (see parse_produce_call) starts with
+#: ASYNC_PRODUCE_START (ONEWAY and the name); its seqid follows, then ASYNC_ITEM_HEAD at
+#: ASYNC_ITEM_HEAD_AT, the item's length at ASYNC_ITEM_LEN_AT and the item at ASYNC_ITEM_AT;
+#: after the item, the call's tail: the topic field, the topic and STOP STOP. Two calls
+#: with the same tail go to the same topic (a server compares instead of parsing again).
+ASYNC_PRODUCE_START = _I32.pack(_ONEWAY) + _ASYNC_PRODUCE
+ASYNC_ITEM_HEAD = _ARGS_ITEM
+ASYNC_ITEM_HEAD_AT = len(ASYNC_PRODUCE_START) + 4
+ASYNC_ITEM_LEN_AT = ASYNC_ITEM_HEAD_AT + len(ASYNC_ITEM_HEAD)
+ASYNC_ITEM_AT = _ASYNC_PRODUCE_HEAD.size
 
 
 def _no_release() -> None:

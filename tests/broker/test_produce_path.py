@@ -187,10 +187,11 @@ class StreamSocket:
         self.sent.append(bytes(data))
 
 
-def serve_stream(tmp_path: Path, stream: bytes, chunk: int | None, *, item_limit: int) -> tuple[Any, Any, StreamSocket]:
+def serve_stream(tmp_path: Path, stream: bytes, chunk: int | None, *, item_limit: int,
+                 others: tuple[str, ...] = ()) -> tuple[Any, Any, StreamSocket]:  # fmt: skip
     """Feed ``stream`` to a ThriftServer connection in process (real storage, pages of
     four items' size): ``(server, the items stored in topic "s", the socket with what
-    was sent)``.
+    was sent)``; with ``others``, the items of each of these topics follow "s"'s (a tuple).
     The storage is closed before it returns."""
     metrics = Metrics()
     topics = TopicManager(tmp_path / "data", data_page_size_bytes=4 * item_limit)
@@ -204,8 +205,8 @@ def serve_stream(tmp_path: Path, stream: bytes, chunk: int | None, *, item_limit
         server._read_frames(sock, "test")  # type: ignore[arg-type]
         assert sock.pos == len(stream), "the server stopped reading before the end of the stream"
         assert metrics.bad_frames == 0
-        queue = topics.get("s").queue  # type: ignore[union-attr]
-        return server, queue.read_range(0, max_items=1 << 20), sock
+        stored = [topics.get(t).queue.read_range(0, max_items=1 << 20) for t in ("s", *others)]  # type: ignore[union-attr]
+        return server, (tuple(stored) if others else stored[0]), sock
     finally:
         topics.close()
 
@@ -220,6 +221,45 @@ def test_frames_split_anywhere_by_reads_are_all_handled(tmp_path: Path, chunk: i
     stream += call_frame("produce", "s", b"last", seqid=9)
     _, stored, sock = serve_stream(tmp_path, stream, chunk, item_limit=1 << 20)
     assert stored == [*items, b"last"]
+    assert len(sock.sent) == 1
+
+
+@pytest.mark.parametrize("chunk", [None, 5, 4093])
+def test_async_calls_shaped_like_the_last_one_land_in_their_topic_in_order(tmp_path: Path, chunk: int | None) -> None:
+    """An asyncProduce shaped like the last one parsed (same topic, any item length or
+    seqid) is read by comparing bytes; anything else is parsed: another topic of the same
+    length, another field order (with or without an extra field), an extra field between
+    item and topic, an asyncProduce typed CALL, a produce. Every item lands in its own
+    topic, in order; only the produce is answered."""
+    rng = random.Random(chunk or 11)
+    want: dict[str, list[bytes]] = {"s": [], "t": []}
+    frames = []
+    for i in range(3000):
+        topic = "s" if rng.random() < 0.7 else "t"
+        item = bytes([i % 251]) * rng.choice([0, 1, 100, rng.randrange(0, 300)])
+        r = rng.random()
+        if r < 0.05:
+            frames.append(odd_layout_frame(topic, item, extra_field=r < 0.025))
+        elif r < 0.065:  # the canonical layout but for a field between item and topic: as
+            # long as a canonical call of a 7 bytes longer item, whose tail it ends with
+            t, name = topic.encode(), b"asyncProduce"
+            body = (struct.pack(">ii", -2147418108, len(name)) + name + struct.pack(">i", i) + b"\x0c\x00\x01"
+                    + b"\x0b\x00\x01" + struct.pack(">i", len(item)) + item + b"\x08\x00\x09" + struct.pack(">i", 7)
+                    + b"\x0b\x00\x02" + struct.pack(">i", len(t)) + t + b"\x00\x00")  # fmt: skip
+            frames.append(struct.pack(">i", len(body)) + body)
+        elif r < 0.09:
+            proto = TCyBinaryProtocol(TCyMemoryBuffer())
+            proto.write_message_begin("asyncProduce", TMessageType.CALL, i)
+            QueueService.asyncProduce_args(produceRequest=T.ProduceRequest(item=item, topic=topic)).write(proto)
+            body = bytes(proto.trans.getvalue())
+            frames.append(struct.pack(">i", len(body)) + body)
+        else:
+            frames.append(call_frame("asyncProduce", topic, item, seqid=rng.randrange(-(2**31), 2**31)))
+        want[topic].append(item)
+    stream = b"".join(frames) + call_frame("produce", "s", b"last", seqid=9)
+    _, (stored_s, stored_t), sock = serve_stream(tmp_path, stream, chunk, item_limit=1 << 20, others=("t",))
+    assert stored_s == [*want["s"], b"last"]
+    assert stored_t == want["t"]
     assert len(sock.sent) == 1
 
 
