@@ -302,6 +302,11 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
     }
 
 
+#: The agent's columns of a row that measured no agent.
+NO_AGENT = {"agent_peak_rss_mib": None, "agent_cpu_us_per_msg": None, "agent_sys_us_per_msg": None,
+            "agent_context_switches_per_1k_msgs": None}  # fmt: skip
+
+
 def measure_floor(size: int, args: argparse.Namespace) -> dict[str, Any]:
     """The same clients as measure_agent's, sending datagrams to floor_reader."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-agent-floor-"))
@@ -320,27 +325,32 @@ def measure_floor(size: int, args: argparse.Namespace) -> dict[str, Any]:
         (got,) = collect_reports([reader], results, 30, "floor reader")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return client_row("reader/dgram", size, reports, got["received"], 0, None, wall=True)
+
+
+def client_row(path: str, size: int, reports: list[dict[str, Any]], delivered: int, discarded: int,
+               done_at: float | None, *, wall: bool) -> dict[str, Any]:  # fmt: skip
+    """A result row of clients that sent to something other than the agent (``done_at``:
+    when everything sent was delivered; None: when the last client stopped sending)."""
     sent = sum(r["sent"] for r in reports)
     t0 = min(r["t0"] for r in reports)
     send_s = max(r["t1"] for r in reports) - t0
+    e2e_s = send_s if done_at is None else done_at - t0
     return {
-        "path": "reader/dgram",
+        "path": path,
         "size": size,
-        "clients": args.clients,
+        "clients": len(reports),
         "sent": sent,
-        "delivered": got["received"],
-        "discarded": 0,
+        "delivered": delivered,
+        "discarded": discarded,
         "send_seconds": round(send_s, 3),
-        "end_to_end_seconds": round(send_s, 3),
-        "end_to_end_msgs_per_s": round(got["received"] / send_s),
+        "end_to_end_seconds": round(e2e_s, 3),
+        "end_to_end_msgs_per_s": round(delivered / e2e_s),
         "client_send_msgs_per_s": round(sent / send_s),
         "client_cpu_us_per_msg": round(1e6 * sum(r["cpu_s"] for r in reports) / sent, 2),
-        "client_wall_us_per_msg": round(1e6 * sum(r["t1"] - r["t0"] for r in reports) / sent, 2),
-        "agent_peak_rss_mib": None,
-        "agent_cpu_us_per_msg": None,
-        "agent_sys_us_per_msg": None,
-        "agent_context_switches_per_1k_msgs": None,
-        "complete": got["received"] == sent,
+        "client_wall_us_per_msg": round(1e6 * sum(r["t1"] - r["t0"] for r in reports) / sent, 2) if wall else None,
+        **NO_AGENT,
+        "complete": delivered + discarded >= sent,
     }
 
 
@@ -350,28 +360,8 @@ def measure_producer(broker: str, size: int, args: argparse.Namespace, run_id: s
     reports = run_clients(producer_client, [spec] * args.clients, args.seconds + args.drain_seconds + 60)
     sent = sum(r["sent"] for r in reports)
     dropped = sum(r["dropped"] for r in reports)
-    t0 = min(r["t0"] for r in reports)
-    t_done = max(r["delivered_at"] for r in reports)
-    send_s = max(r["t1"] for r in reports) - t0
-    return {
-        "path": "producer/direct",
-        "size": size,
-        "clients": args.clients,
-        "sent": sent,
-        "delivered": sent - dropped,
-        "discarded": dropped,
-        "send_seconds": round(send_s, 3),
-        "end_to_end_seconds": round(t_done - t0, 3),
-        "end_to_end_msgs_per_s": round((sent - dropped) / (t_done - t0)),
-        "client_send_msgs_per_s": round(sent / send_s),
-        "client_cpu_us_per_msg": round(1e6 * sum(r["cpu_s"] for r in reports) / sent, 2),
-        "client_wall_us_per_msg": None,
-        "agent_peak_rss_mib": None,
-        "agent_cpu_us_per_msg": None,
-        "agent_sys_us_per_msg": None,
-        "agent_context_switches_per_1k_msgs": None,
-        "complete": True,
-    }
+    done_at = max(r["delivered_at"] for r in reports)
+    return client_row("producer/direct", size, reports, sent - dropped, dropped, done_at, wall=False)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

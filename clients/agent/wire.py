@@ -175,11 +175,7 @@ def parse_runs(messages: Sequence[bytes], max_len: int = 1 << 62) -> list[Run | 
                         raw = data[start:end]
                         if raw != topic or key != pk:
                             if stamps:
-                                out.append(_run(topic, pk, parts, stamps, t_value_at))
-                                parts = []
-                                stamps = []
-                                add_part = parts.append
-                                add_stamp = stamps.append
+                                out.append(_take_run(topic, pk, parts, stamps, t_value_at))
                             topic = raw
                             pk = key
                         t_n = n
@@ -192,22 +188,22 @@ def parse_runs(messages: Sequence[bytes], max_len: int = 1 << 62) -> list[Run | 
                         add_part(data[t_value_at:])
                         continue
         if stamps:  # off the fast path: the run ends before it
-            out.append(_run(topic, pk, parts, stamps, t_value_at))
-            parts = []
-            stamps = []
-            add_part = parts.append
-            add_stamp = stamps.append
+            out.append(_take_run(topic, pk, parts, stamps, t_value_at))
         topic = None
         t_n = -1
         out.append(data)
     if stamps:
-        out.append(_run(topic, pk, parts, stamps, t_value_at))
+        out.append(_take_run(topic, pk, parts, stamps, t_value_at))
     return out
 
 
-def _run(topic: bytes | None, pk: int | None, parts: list[bytes], stamps: list[int], value_at: int) -> Run:
+def _take_run(topic: bytes | None, pk: int | None, parts: list[bytes], stamps: list[int], value_at: int) -> Run:
+    """The run gathered in ``parts`` and ``stamps``, which are emptied for the next one."""
     values = b"".join(parts)
-    return Run(topic or b"", pk, values, stamps, len(values) + len(stamps) * value_at)
+    run = Run(topic or b"", pk, values, stamps.copy(), len(values) + len(stamps) * value_at)
+    parts.clear()
+    stamps.clear()
+    return run
 
 
 def parse_checked(data: bytes) -> Fields:

@@ -23,12 +23,19 @@ Agents = Callable[..., AgentProcess]
 
 #: What a sender sees once the agent refused or closed its input (EPIPE: after its SHUT_RD).
 _GONE = (errno.EPIPE, errno.ECONNREFUSED, errno.ENOENT, errno.ECONNRESET)
-_MAX_MESSAGES = 200_000
+_MAX_MESSAGES = 2_000_000
 _MAX_SECONDS = 10.0
 
 
 def _message(topic: bytes, i: int) -> bytes:
     return encode(topic, b"%08d" % i)  # every message the same size
+
+
+def _messages(topic: bytes, first: int, n: int) -> bytes:
+    """Messages first .. first + n - 1, written out faster than the agent reads them (a
+    stream test must fill the connection's queue)."""
+    head = _message(topic, 0)[:-8]
+    return b"".join([head + b"%08d" % i for i in range(first, first + n)])
 
 
 class _Sender(threading.Thread):
@@ -114,7 +121,7 @@ def test_sigterm_delivers_what_a_unix_stream_connection_had_queued(brokers: Any,
         try:
             while written // size < _MAX_MESSAGES and time.monotonic() < end:
                 first = written // size
-                block = memoryview(b"".join(_message(b"stdrain", i) for i in range(first, first + per_block)))
+                block = memoryview(_messages(b"stdrain", first, per_block))
                 pos = written - first * size
                 while pos < len(block):
                     try:
