@@ -283,10 +283,7 @@ class _Intake:
         for item in parse_runs(messages, self.fast_max):
             if isinstance(item, Run):
                 charge = item.size + item.count * MSG_OVERHEAD_BYTES
-                if charge > self.credit:
-                    self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
-                if charge <= self.credit:
-                    self.credit -= charge
+                if self._take(charge):
                     self._queue(item, charge, item.count)
                     continue
                 fields = item.fields()  # the pool is short: message by message
@@ -297,15 +294,22 @@ class _Intake:
                 fields = [f]
             for f in fields:
                 charge = charge_of(f)
-                if charge > self.credit:
-                    self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
-                    if charge > self.credit:
-                        self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
-                        if self.agent.discard_log is not None:
-                            self.agent.discard_log.write(D.NO_MEM, f[0], f[2], f[3], f[4])
-                        continue
-                self.credit -= charge
-                self._queue(f, charge, 1)
+                if self._take(charge):
+                    self._queue(f, charge, 1)
+                    continue
+                self.agent.stats.discard(S.NO_MEMORY, f[0].decode(errors="replace"), ts_min=f[2], ts_max=f[2])
+                if self.agent.discard_log is not None:
+                    self.agent.discard_log.write(D.NO_MEM, f[0], f[2], f[3], f[4])
+
+    def _take(self, charge: int) -> bool:
+        """Take ``charge`` pool bytes from the credit (topped up from the pool as needed);
+        False, nothing taken, when the pool cannot give them."""
+        if charge > self.credit:
+            self.credit += self.agent.pool.reserve(_CREDIT_BYTES, charge - self.credit)
+            if charge > self.credit:
+                return False
+        self.credit -= charge
+        return True
 
     def _queue(self, item: Fields | Run, charge: int, count: int) -> None:
         self.pending_charge += charge
@@ -1003,23 +1007,39 @@ class Agent:
         b: _Batch | None = None
         for f in chunk:
             if isinstance(f, Run):
-                if f.topic != run_raw or f.pk != run_pk:
-                    found = topics.get(f.topic)
+                raw, pk = f.topic, f.pk
+            else:
+                raw, pk, ts, key, value = f
+                if key:
+                    self.keys_dropped += 1
+                    self.keys_dropped_bytes += len(key)
+            if raw != run_raw or pk != run_pk:
+                found = topics.get(raw)
+                if found is None:
+                    found = self._topic_state(raw)
+                    topics = self._topics
                     if found is None:
-                        found = self._topic_state(f.topic)
-                        topics = self._topics
-                    if found is not None:  # (a bad topic: message by message, below)
-                        st = found
-                        run_raw = f.topic
-                        run_pk = f.pk
-                        bkey = (st.name, -1 if run_pk is None else run_pk % n_senders)
-                        b = batches.get(bkey)
+                        run_raw = None
+                        if isinstance(f, Run):  # each of its messages counted, as below
+                            self._route_chunk(f.fields())
+                            continue
+                        self.pool.free(charge_of(f))
+                        stats.discard(S.BAD_TOPIC, None, sample=raw)
+                        if self.discard_log is not None:
+                            self.discard_log.write(D.BAD_TOPIC, raw, ts, key, value)
+                        continue
+                st = found
+                run_raw = raw
+                run_pk = pk
+                bkey = (st.name, -1 if pk is None else pk % n_senders)
+                b = batches.get(bkey)
+            if isinstance(f, Run):
                 nbytes = len(f.values)
                 used = b.bytes if b is not None else 0
-                if (f.topic == run_raw and st.limiter is None and used + nbytes <= room
+                if (st.limiter is None and used + nbytes <= room
                         and (b.count if b is not None else 0) + f.count < st.max_messages
                         and used + nbytes < st.max_bytes):  # fmt: skip
-                    # the whole run goes into the batch: what the loop below does for each
+                    # the whole run goes into the batch: what the code below does for each
                     # of its messages, at once
                     if b is None:
                         group = bkey[1]
@@ -1038,31 +1058,10 @@ class Agent:
                     if ts > b.max_ts:
                         b.max_ts = ts
                     continue
-                # a new topic, a rate limit, or a batch it does not fit: message by message
+                # a rate limit, or a batch it does not fit: message by message
                 self._route_chunk(f.fields())
                 run_raw = None  # the batch may have been dispatched
                 continue
-            raw, pk, ts, key, value = f
-            if key:
-                self.keys_dropped += 1
-                self.keys_dropped_bytes += len(key)
-            if raw != run_raw or pk != run_pk:
-                found = topics.get(raw)
-                if found is None:
-                    found = self._topic_state(raw)
-                    topics = self._topics
-                    if found is None:
-                        self.pool.free(charge_of(f))
-                        stats.discard(S.BAD_TOPIC, None, sample=raw)
-                        if self.discard_log is not None:
-                            self.discard_log.write(D.BAD_TOPIC, raw, ts, key, value)
-                        run_raw = None
-                        continue
-                st = found
-                run_raw = raw
-                run_pk = pk
-                bkey = (st.name, -1 if pk is None else pk % n_senders)
-                b = batches.get(bkey)
             size = len(value) + 4
             if size > room:
                 self.pool.free(charge_of(f))
