@@ -748,6 +748,12 @@ class ThriftServer(TcpServer):
                     start += 4 + size
                     result, index = handler.produce_item(topic, item)
                     del call, item  # not held while this thread waits in send or recv
+                    if frames is not buf:
+                        # A big frame (one frame in its own mapping) is unmapped before
+                        # its reply goes: a client that has its answer finds the memory back.
+                        big.release(budget)
+                        frames = buf
+                        start = end = 0
                     sock.sendall(produce_reply_frame(seqid, result, index))
                     answered = True
                     continue
