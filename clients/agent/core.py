@@ -115,6 +115,9 @@ _HANDOVER_MESSAGES = 512
 #: The datagram input hands its messages to the router this long after it first found its
 #: socket empty with messages read, at the latest.
 _DGRAM_HANDOVER_S = 0.002
+#: The datagram input parses what it read in one go once this many bytes came (or its
+#: socket was empty).
+_DGRAM_GATHER_BYTES = 64 * 1024
 #: At stop, the inputs read what the kernel had taken from senders for this long at most
 #: (only a TCP peer can keep adding to it: see Agent.stop).
 _INPUT_DRAIN_S = 2.0
@@ -748,11 +751,20 @@ class Agent:
         rx = batch_receiver(s, size) if os.environ.get("LUXUN_AGENT_RECVMMSG", "1") != "0" else None
         receive = rx.receive if rx is not None else (lambda: [s.recv(size)])
         handover_at = 0.0  # when the messages read so far go to the router at the latest
+        # Datagrams read while more keep coming are parsed together (longer runs, fewer
+        # calls per message), up to _DGRAM_GATHER_BYTES received.
+        got: list[bytes] = []
+        got_bytes = 0
         try:
             while not self._stopping:
                 try:
                     batch = receive()
                 except BlockingIOError:
+                    if got:
+                        accept_all(got)
+                        got = []
+                        got_bytes = 0
+                        continue  # more may have come meanwhile
                     # Senders are held after net.unix.max_dgram_qlen datagrams, so the queue
                     # is empty every few messages: handing each few to the router would wake
                     # it (a context switch and a GIL hand-over) thousands of times a second.
@@ -773,7 +785,14 @@ class Agent:
                     continue
                 except OSError:
                     break
-                accept_all(batch)
+                got += batch
+                got_bytes += sum(map(len, batch))
+                if got_bytes >= _DGRAM_GATHER_BYTES:
+                    accept_all(got)
+                    got = []
+                    got_bytes = 0
+            if got:
+                accept_all(got)
             if self._stopping:
                 self._drain_datagrams(s, receive, accept_all)
         finally:
