@@ -32,7 +32,12 @@ Floor of the datagram input in the same run (``reader/dgram``): the same clients
 to a process that only drains its socket as the agent does (``recvmmsg``, 16 at a time)
 and counts, with no parsing, batching or broker: what the kernel lets one Python reader
 take on this machine at that moment (a UNIX datagram queue holds
-``net.unix.max_dgram_qlen`` messages, so senders are held and woken every few of them).
+``net.unix.max_dgram_qlen`` messages, so senders are held and woken every few of them);
+the reader's own CPU per message is in the JSON's ``agent_cpu_us_per_msg`` of that row.
+
+``--agent-nice N`` starts the agent under ``nice -n N`` (a deployment choice, see the
+README's agent section: with the senders and the agent on the same two cores, a woken
+sender preempts the agent's datagram reader); the targets are judged on the default, 0.
 
 Targets (printed as reached or not): >= 200 k msgs/s of 100 B through the datagram input
 end to end; client cost under 10 us per message; agent RSS bounded by its pool.
@@ -161,7 +166,7 @@ def floor_reader(path: str, ready: Any, stop: Any, results: Any) -> None:
 
 # -- the agent -------------------------------------------------------------------------------
 class Agent:
-    def __init__(self, broker: str, max_buffer: str) -> None:
+    def __init__(self, broker: str, max_buffer: str, nice: int = 0) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="bench-agent-"))
         self.dgram = str(self.dir / "dg")
         self.stream = str(self.dir / "st")
@@ -170,6 +175,8 @@ class Agent:
         cmd = [sys.executable, "-m", "luxun.cli", "agent", "--broker", broker, "--dgram", self.dgram, "--stream",
                self.stream, "--tcp-port", "0", "--status-port", str(self.status_port), "--max-buffer", max_buffer,
                "--log-level", "WARNING"]  # fmt: skip
+        if nice:
+            cmd = ["nice", "-n", str(nice), *cmd]
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=REPO)
@@ -325,7 +332,12 @@ def measure_floor(size: int, args: argparse.Namespace) -> dict[str, Any]:
         (got,) = collect_reports([reader], results, 30, "floor reader")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return client_row("reader/dgram", size, reports, got["received"], 0, None, wall=True)
+    row = client_row("reader/dgram", size, reports, got["received"], 0, None, wall=True)
+    # the reader's CPU in the agent's column (it stands where the agent stands)
+    row["agent_cpu_us_per_msg"] = round(1e6 * got["cpu_s"] / max(1, got["received"]), 2)
+    print(f"  {'reader/dgram':<16} {size:>5} B: {fmt_rate(row['end_to_end_msgs_per_s'])} msgs/s, "
+          f"reader {row['agent_cpu_us_per_msg']} us cpu/msg", file=sys.stderr)  # fmt: skip
+    return row
 
 
 def client_row(path: str, size: int, reports: list[dict[str, Any]], delivered: int, discarded: int,
@@ -374,6 +386,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drain-seconds", type=float, default=30.0, help="wait for delivery at most (default 30)")
     p.add_argument("--max-buffer", default="64m", help="the agent's pool (default 64m)")
     p.add_argument("--no-peer", action="store_true", help="skip the Producer-direct peer and the datagram floor")
+    p.add_argument("--agent-nice", type=int, default=0,
+                   help="start the agent under nice -n N (a negative N needs root; default 0: as is)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
     return p.parse_args(argv)
 
@@ -397,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_buffer[-1] in "km" else int(args.max_buffer)  # fmt: skip
     with own_broker(None, "bench_agent") as broker:
         address = f"{broker.host}:{broker.port}"
-        agent = Agent(address, args.max_buffer)
+        agent = Agent(address, args.max_buffer, args.agent_nice)
         idle_rss = agent.rss_bytes()
         try:
             for size in sizes:
@@ -453,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for name, t in targets.items():
         print(f"target {name}: {'REACHED' if t['reached'] else 'NOT reached'} ({t})")
+    if args.agent_nice:
+        print(f"(the agent ran under nice -n {args.agent_nice}, not as it starts by default)")
     machine["load_average_end"] = load_average()
     report = {
         "benchmark": "bench_agent",
