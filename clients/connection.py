@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
+from collections.abc import Sequence
 from typing import Any
 
 from thriftpy2.protocol import TCyBinaryProtocolFactory
@@ -30,6 +32,16 @@ from idl import luxun_thrift as T
 from .errors import BrokerUnavailableError, ClientClosedError, broker_error
 
 DEFAULT_PORT = 9092
+# A framed produce call as every Thrift generator writes it (strict binary protocol):
+# frame length, version 1 | CALL, the name, seqid, args field 1 (struct ProduceRequest)
+# and its field 1 (binary item), the item's length; after the item, field 2 (string
+# topic), the topic, then STOP of the request and STOP of the args.
+_PRODUCE_CALL_HEAD = struct.Struct(">ii11si6si")
+_PRODUCE_NAME = b"\x00\x00\x00\x07produce"
+_VERSION_1_CALL = -2147418111  # 0x80010001
+_ARGS_ITEM = b"\x0c\x00\x01\x0b\x00\x01"
+_TOPIC_FIELD = b"\x0b\x00\x02"
+_I32 = struct.Struct(">i")
 #: Defaults for tools (the ``luxun`` CLI): establishing a connection, then each call.
 DEFAULT_CONNECT_TIMEOUT_MS = 5_000
 DEFAULT_CALL_TIMEOUT_MS = 30_000
@@ -170,6 +182,43 @@ class BrokerConnection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def produce_call_parts(item: Sequence[bytes | bytearray], item_size: int, topic: str) -> list[bytes | bytearray]:
+    """A ``produce`` call (framed, seqid 0) of the item whose ``item_size`` bytes are
+    ``item``'s buffers in order, as buffers (the item's own, not copied): for
+    :func:`send_parts`. The answer is read as thriftpy2's client reads any."""
+    name = topic.encode()
+    tail = b"".join((_TOPIC_FIELD, _I32.pack(len(name)), name, b"\x00\x00"))
+    size = _PRODUCE_CALL_HEAD.size - 4 + item_size + len(tail)
+    return [_PRODUCE_CALL_HEAD.pack(size, _VERSION_1_CALL, _PRODUCE_NAME, 0, _ARGS_ITEM, item_size), *item, tail]
+
+
+def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray]) -> None:
+    """Send all of ``parts``, in order, with ``sendmsg`` (again from where a partial send
+    stopped); the socket's timeout bounds each wait."""
+    n = sock.sendmsg(parts)
+    total = sum(map(len, parts))
+    if n == total:
+        return
+    views = [memoryview(p) for p in parts]
+    try:
+        while True:
+            total -= n
+            while n:  # drop what was sent
+                k = len(views[0])
+                if n >= k:
+                    views.pop(0).release()
+                    n -= k
+                else:
+                    views[0] = views[0][n:]
+                    n = 0
+            if not total:
+                return
+            n = sock.sendmsg(views)
+    finally:
+        for v in views:
+            v.release()
 
 
 def consume_request(

@@ -64,7 +64,7 @@ try:  # the fast reader/writer; thriftpy2 wheels for CPython always ship it
 except ImportError:  # pragma: no cover - pure-Python thriftpy2 builds
     _HAVE_CYTHON = False
 
-__all__ = ["MAGIC", "decode_pack", "encode_pack", "encode_pack_written", "pack_codec"]
+__all__ = ["MAGIC", "decode_pack", "encode_pack", "encode_pack_written", "pack_codec", "pack_written_parts"]
 
 #: The only pack format version there is.
 MAGIC: Final = 1
@@ -101,6 +101,18 @@ def encode_pack_written(count: int, written: bytes | bytearray, codec: int = NO_
     ``written``, each as its i32 big-endian length then its bytes (what a batcher can build
     up in one ``bytearray`` instead of keeping an object per message)."""
     return _pack_payload(b"".join((_LIST_HEAD, _I32.pack(count), written, b"\x00")), codec)
+
+
+def pack_written_parts(count: int, written: bytes | bytearray) -> list[bytes | bytearray]:
+    """:func:`encode_pack_written` without compression, as the buffers the pack is made of,
+    in order (``written`` itself among them, not copied): for ``sendmsg``, so that a
+    batch's bytes go from its buffer to the kernel with no copy made in between."""
+    list_head = _LIST_HEAD + _I32.pack(count)
+    crc = zlib.crc32(b"\x00", zlib.crc32(written, zlib.crc32(list_head)))
+    crc = crc - 0x1_0000_0000 if crc & 0x8000_0000 else crc
+    size = len(list_head) + len(written) + 1  # the payload: list, STOP of its struct
+    head = _PACK_HEAD.pack(_T_BYTE, 1, MAGIC, _T_BYTE, 2, NO_COMPRESSION, _T_I32, 3, crc, _T_STRING, 4, size)
+    return [head, list_head, written, b"\x00\x00"]  # the payload's STOP, the pack's STOP
 
 
 def _pack_payload(payload: bytes, codec: int) -> bytes:

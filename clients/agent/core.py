@@ -84,10 +84,10 @@ from thriftpy2.transport import TTransportException
 
 from idl import luxun_thrift as T
 
-from ..connection import BrokerConnection
+from ..connection import BrokerConnection, produce_call_parts, send_parts
 from ..errors import BrokerUnavailableError, LuxunClientError, MessageSizeTooLargeError, broker_error
 from ..messages import NO_COMPRESSION, snappy_available
-from ..pack import encode_pack_written
+from ..pack import encode_pack_written, pack_written_parts
 from . import discardlog as D
 from . import stats as S
 from .config import CODECS, AgentConfig, RateLimit
@@ -383,18 +383,23 @@ class _Pipelined(BrokerConnection):
     serves a connection's calls one after the other): one round trip for them all.
     """
 
-    def produce_all(self, requests: Iterator[Any], n: int) -> tuple[list[Any], LuxunClientError | None]:
-        """Send the ``n`` requests (made one at a time, so that one pack at a time is in
-        memory); return the answers read, in order, and what stopped the pipeline (None:
-        all answered). Requests past the answers read may or may not have been carried out."""
+    def produce_all(
+        self, calls: Iterator[list[bytes | bytearray]], n: int
+    ) -> tuple[list[Any], LuxunClientError | None]:
+        """Send the ``n`` produce calls (each as the buffers of
+        :func:`~clients.connection.produce_call_parts`, made one at a time, so that at most
+        one compressed pack at a time is in memory); return the answers read, in order,
+        and what stopped the pipeline (None: all answered). Calls past the answers read
+        may or may not have been carried out."""
         answers: list[Any] = []
         try:
             client = self._connect()
         except LuxunClientError as exc:
             return answers, exc
         try:
-            for request in requests:
-                client._send("produce", produceRequest=request)
+            sock = client._oprot.trans.sock  # written to directly: the transport buffers nothing
+            for parts in calls:
+                send_parts(sock, parts)
             for _ in range(n):
                 answers.append(client._recv("produce"))
         except (TTransportException, OSError, TApplicationException, EOFError) as exc:
@@ -461,13 +466,14 @@ class _Sender(threading.Thread):
         agent = self.agent
         sizes: list[int] = []
 
-        def requests() -> Iterator[Any]:
+        def calls() -> Iterator[list[bytes | bytearray]]:
             for b in batches:
                 item = agent._pack(b)
-                sizes.append(len(item))
-                yield T.ProduceRequest(item=item, topic=b.topic)
+                size = sum(map(len, item))
+                sizes.append(size)
+                yield produce_call_parts(item, size, b.topic)
 
-        answers, broken = self.conn.produce_all(requests(), len(batches))
+        answers, broken = self.conn.produce_all(calls(), len(batches))
         agent.stats.incr("SendProduceRoundTrip")
         retry: list[_Batch] = []
         last_refusal: Exception | None = None
@@ -1144,17 +1150,19 @@ class Agent:
         self._wake_router.set()
 
     # -- delivery outcomes --------------------------------------------------------------
-    def _pack(self, batch: _Batch) -> bytes:
+    def _pack(self, batch: _Batch) -> list[bytes | bytearray]:
+        """The batch's pack, as the buffers it is made of (an uncompressed one is the
+        batch's own buffer between a head and a tail: not copied)."""
         cfg = self.config
         comp = cfg.compression(batch.topic)
         codec = CODECS[comp.codec]
         raw_size = len(batch.written) + 32  # the pack's bytes uncompressed
         if codec == NO_COMPRESSION or raw_size < comp.min_size_bytes:
-            return encode_pack_written(batch.count, batch.written)
+            return pack_written_parts(batch.count, batch.written)
         packed = encode_pack_written(batch.count, batch.written, codec)
         if len(packed) * 100 > cfg.compression_size_threshold_percent * raw_size:
-            return encode_pack_written(batch.count, batch.written)
-        return packed
+            return pack_written_parts(batch.count, batch.written)
+        return [packed]
 
     def _settle(self, batch: _Batch, reason: str | None, log_info: str | None = None) -> None:
         """Delivered (``reason`` None) or discarded; once per batch. ``log_info``: the

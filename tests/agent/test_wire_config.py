@@ -271,3 +271,19 @@ def test_a_pack_from_written_values_equals_encode_pack(codec: int) -> None:
     item = encode_pack_written(len(values), written, codec)
     assert item == encode_pack(values, codec)
     assert decode_pack(item) == values
+
+
+def test_a_pack_as_parts_is_the_pack_and_holds_the_batch_buffer_itself() -> None:
+    """The agent sends an uncompressed pack as its parts (pack_written_parts): joined, they
+    are encode_pack_written's item, crc32 included (a wrong crc fails decode_pack), and the
+    batch's buffer is one of them, not a copy."""
+    from clients.messages import decode_pack
+    from clients.pack import encode_pack_written, pack_written_parts
+
+    for values in ([], [b""], [b"a", b"\x00" * 300, "é".encode() * 1000]):
+        written = bytearray(b"".join(struct.pack(">i", len(v)) + v for v in values))
+        parts = pack_written_parts(len(values), written)
+        assert any(p is written for p in parts)
+        item = b"".join(parts)
+        assert item == encode_pack_written(len(values), bytes(written))
+        assert decode_pack(item) == values
