@@ -66,12 +66,15 @@ class BatchReceiver:
         at = _MMsgHdr.msg_len.offset // 4
         #: per slot: where its datagram starts in _buf, where its length is in _lens
         self._slots = tuple((i * size, i * stride + at) for i in range(count))
+        # Called without argtypes, the arguments made once (ints go as C ints, the headers'
+        # address as a c_void_p): argtypes converts each argument on every call, about half
+        # the cost of a call that finds the socket empty (2.1 -> 1.4 us here).
         self._call = libc.recvmmsg
-        self._call.argtypes = [ctypes.c_int, ctypes.POINTER(_MMsgHdr), ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
         self._call.restype = ctypes.c_int
+        self._msgs_at = ctypes.c_void_p(ctypes.addressof(self._msgs))
 
     def receive(self) -> list[bytes]:
-        n = self._call(self._fd, self._msgs, self._count, _MSG_DONTWAIT, None)
+        n = self._call(self._fd, self._msgs_at, self._count, _MSG_DONTWAIT, None)
         if n < 0:
             err = ctypes.get_errno()
             if err in (0, 11):  # EAGAIN (errno is not always captured: treat as nothing queued)
