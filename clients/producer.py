@@ -38,8 +38,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from idl import luxun_thrift as T
-
 from .connection import BrokerConnection, parse_broker_list
 from .errors import (
     BrokerError,
@@ -257,15 +255,14 @@ class _Sender(threading.Thread):
         p = self.producer
         cfg = p.config
         payload = p._pack(batch.topic, batch.messages)
-        request = T.ProduceRequest(item=payload, topic=batch.topic)
         backoff_s = cfg.retry_backoff_ms / 1000
         attempt = 0
         while True:
             try:
                 if cfg.sync:
-                    index = self.conn.checked("produce", request).index
+                    index = self.conn.produce(payload, batch.topic).index
                 else:
-                    self.conn.call("asyncProduce", request)
+                    self.conn.produce(payload, batch.topic, oneway=True)
                     index = None
                 p._count_sent(batch.topic, len(batch.messages))
                 batch.future.set_result(index)

@@ -9,6 +9,8 @@ import struct
 import threading
 from typing import Any
 
+import pytest
+
 from clients.connection import BrokerConnection, consume_request, produce_call_parts, send_parts
 from clients.messages import decode_pack
 from clients.pack import pack_written_parts
@@ -51,6 +53,25 @@ def test_hand_framed_produce_calls_are_stored_and_answered_in_order(brokers: Any
     assert decode_pack(got_a.itemList[0]) == big
     assert got_a2.itemList == [b""]
     assert decode_pack(got_b.itemList[0]) == [b"x", b"yz"]
+
+
+def test_produce_and_async_produce_framed_by_hand(brokers: Any) -> None:
+    """BrokerConnection.produce (what the Producer sends with): acknowledged calls get
+    their index, oneway ones land in order between them, a refusal is the BrokerError of
+    its Result, and the connection goes on."""
+    from clients.errors import MessageSizeTooLargeError
+
+    (b,) = brokers(1)
+    with BrokerConnection(address(b)) as conn:
+        assert conn.produce(b"first", "hand").index == 0
+        assert conn.produce(b"second", "hand", oneway=True) is None
+        assert conn.produce(bytearray(b"third"), "hand", oneway=True) is None
+        assert conn.produce(b"x" * 300_000, "hand").index == 3
+        with pytest.raises(MessageSizeTooLargeError):
+            conn.produce(b"y" * ((1 << 20) + 1), "hand")  # over the broker's max.message.size (1 MiB)
+        assert conn.produce(b"last", "hand").index == 4
+        got = [conn.call("consume", consume_request("hand", index=i)).itemList[0] for i in range(5)]
+    assert got == [b"first", b"second", b"third", b"x" * 300_000, b"last"]
 
 
 def test_send_parts_sends_every_byte_when_the_kernel_takes_them_in_pieces() -> None:
