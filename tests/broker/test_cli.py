@@ -350,3 +350,29 @@ def test_the_cli_against_java_luxun(java_broker: str) -> None:
     assert done.returncode == 0, done.stderr
     done = run_cli("delete", "t", "--password", "luxun", "--broker", java_broker)
     one_line_error(done, "'t'", "does not exist", java_broker, code=1)
+
+
+def test_our_producer_and_hand_framed_produce_calls_against_java_luxun(java_broker: str) -> None:
+    """Our Producer frames its produce and asyncProduce calls by hand (sent from the pack
+    itself): Java Luxun's Thrift server must read them as it reads thriftpy2's, store the
+    packs in order and answer the acknowledged ones."""
+    from clients.connection import BrokerConnection, consume_request
+    from clients.messages import decode_pack
+    from clients.producer import Producer
+
+    for sync in (True, False):
+        topic = f"ours-{'sync' if sync else 'async'}"
+        with Producer(java_broker, sync=sync, batch_size=100, linger_ms=5) as producer:
+            for i in range(1000):
+                producer.send(topic, b"%04d" % i + b"v" * (i % 300))
+            producer.flush()
+        got: list[bytes] = []
+        with BrokerConnection(java_broker) as conn:
+            deadline = time.monotonic() + 20
+            while len(got) < 1000 and time.monotonic() < deadline:
+                response = conn.call("consume", consume_request(topic, group="check", max_bytes=1 << 20))
+                if response.result.resultCode == T.ResultCode.SUCCESS:
+                    got.extend(m for item in response.itemList for m in decode_pack(item))
+                else:
+                    time.sleep(0.05)
+        assert got == [b"%04d" % i + b"v" * (i % 300) for i in range(1000)], (sync, len(got))
