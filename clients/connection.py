@@ -221,8 +221,9 @@ def produce_call_parts(
 
 
 def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray]) -> None:
-    """Send all of ``parts``, in order, with ``sendmsg`` (again from where a partial send
-    stopped); the socket's timeout bounds each wait."""
+    """Send all of ``parts`` (a few buffers: at most IOV_MAX, 1024 on Linux), in order,
+    with ``sendmsg`` (again from where a partial send stopped); the socket's timeout
+    bounds each wait."""
     n = sock.sendmsg(parts)
     total = sum(map(len, parts))
     if n == total:
