@@ -9,10 +9,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from idl import luxun_thrift as T
-
 from ..connection import BrokerConnection
-from ..errors import BrokerUnavailableError, broker_error
+from ..errors import BrokerError, BrokerUnavailableError, MessageSizeTooLargeError
 from ..messages import encode_pack
 from .options import WriteOptions
 
@@ -80,19 +78,18 @@ class Sender:
             conn = self.conns[self.next]
             self.next = (self.next + 1) % len(self.conns)
             try:
-                response = conn.call("produce", T.ProduceRequest(item=item, topic=topic))
+                response = conn.produce(item, topic)  # sent from the pack itself, not copied
             except BrokerUnavailableError as exc:  # a failed broker is skipped
                 errors.append(str(exc))
                 continue
-            result = response.result
-            if result.resultCode != T.ResultCode.SUCCESS:
-                if result.errorCode == T.ErrorCode.MESSAGE_SIZE_TOO_LARGE and len(messages) > 1:
+            except BrokerError as exc:
+                if isinstance(exc, MessageSizeTooLargeError) and len(messages) > 1:
                     half = len(messages) // 2  # over the broker's max.message.size: halve the pack
                     self._send(topic, messages[:half])
                     self._send(topic, messages[half:])
                     return
                 where = f"produce to topic {topic!r} on {conn.where} failed"
-                raise broker_error(result.resultCode, result.errorCode, f"{where}: {result.errorMessage}")
+                raise type(exc)(exc.code, f"{where}: {exc.broker_message}", retriable=exc.retriable) from None
             commit = self.commit
             commit.messages += len(messages)
             commit.packs += 1

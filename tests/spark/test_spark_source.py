@@ -334,6 +334,28 @@ def test_write_errors(spark: Any, broker: Any, topic: str) -> None:
             .option("luxun.servers", b).option("topic", topic).save()  # fmt: skip
 
 
+def test_write_halves_packs_a_broker_refuses_as_too_large(spark: Any, brokers: Brokers, topic: str,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    """A broker with max.message.size 4096: packs of 100 rows of 100 bytes (~10 KB) are
+    refused as too large and halved until they fit (every row arrives, once, in order; no
+    pack over the limit); a single row over the limit fails the write with the broker's
+    MESSAGE_SIZE_TOO_LARGE, naming the topic and the broker."""
+    props = tmp_path / "small.properties"
+    props.write_text("max.message.size=4096\n")
+    b = address(brokers.start("--config", str(props)))
+    values = [f"{i:05d}".encode() * 20 for i in range(500)]  # 100 bytes each
+    df = spark.createDataFrame([(v,) for v in values], "value binary").coalesce(1)
+    df.write.format("luxun").mode("append").option("luxun.servers", b).option("topic", topic) \
+        .option("packSize", "100").save()  # fmt: skip
+    packs = read(spark, b, topic, decode="raw").orderBy("index").collect()
+    assert all(len(bytes(r["value"])) <= 4096 for r in packs) and len(packs) >= 16
+    got = read(spark, b, topic).orderBy("index", "position").collect()
+    assert [bytes(r["value"]) for r in got] == values
+    big = spark.createDataFrame([(b"x" * 5000,)], "value binary")
+    with pytest.raises(Exception, match=f"MESSAGE_SIZE_TOO_LARGE: produce to topic '{topic}-big' on {b} failed"):
+        big.write.format("luxun").mode("append").option("luxun.servers", b).option("topic", f"{topic}-big").save()
+
+
 def test_streaming_write_round_trip(spark: Any, broker: Any, topic: str, tmp_path: Path) -> None:
     """luxun -> transform -> luxun, as a stream, then read the output back."""
     b = address(broker)
