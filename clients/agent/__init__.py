@@ -95,7 +95,22 @@ def build_config(args: argparse.Namespace) -> AgentConfig:
     return cfg
 
 
-def _tune_process() -> None:
+def _switch_interval() -> float:
+    """The GIL switch interval: ``LUXUN_AGENT_SWITCH_S`` (seconds; a tuning knob, unset or
+    empty: 0.5 ms, which measured best: 0.1 ms gave 10 % fewer datagrams per second)."""
+    raw = os.environ.get("LUXUN_AGENT_SWITCH_S", "").strip()
+    if not raw:
+        return _SWITCH_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise AgentConfigError(f"LUXUN_AGENT_SWITCH_S={raw!r}: give seconds above 0 and at most 1")
+    return value
+
+
+def _tune_process(switch_s: float) -> None:
     """Before any thread starts: at most 2 glibc malloc arenas (each thread would otherwise
     get its own, each keeping freed memory, and RSS would grow well past the pool), a fixed
     mmap threshold (glibc's moving one ends up serving packs and reads from the heap, which
@@ -108,7 +123,7 @@ def _tune_process() -> None:
             libc.mallopt(_M_ARENA_MAX, 2)
             libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)  # fixed: big buffers (packs, reads) go back at free
             libc.mallopt(_M_TRIM_THRESHOLD, 1024 * 1024)
-    sys.setswitchinterval(float(os.environ.get("LUXUN_AGENT_SWITCH_S", _SWITCH_INTERVAL_S)))
+    sys.setswitchinterval(switch_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,11 +137,12 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("luxun.agent")
     try:
         cfg = build_config(args)
+        switch_s = _switch_interval()
         agent = Agent(cfg)
     except (AgentConfigError, ValueError) as exc:
         print(f"luxun: {exc}", file=sys.stderr)
         return 2
-    _tune_process()
+    _tune_process(switch_s)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -526,6 +526,7 @@ def test_a_steady_trickle_of_datagrams_is_handed_over_within_milliseconds(broker
 
 
 def test_start_errors_are_one_line_exit_2_and_leave_nothing(tmp_path: Path) -> None:
+    import os
     import subprocess
     import sys
 
@@ -557,5 +558,11 @@ def test_start_errors_are_one_line_exit_2_and_leave_nothing(tmp_path: Path) -> N
             assert len(lines) == 1 and lines[0].startswith("luxun: ") and needle in lines[0], (extra, run.stderr)
             assert "Traceback" not in run.stderr
         assert not (tmp_path / "d").exists() and regular.read_text() == ""
+        for bad in ("fast", "0", "-1"):  # the GIL switch interval knob
+            run = subprocess.run([sys.executable, "-m", "luxun.cli", "agent", "--broker", "127.0.0.1:1", "--dgram",
+                                  str(tmp_path / "d")], capture_output=True, text=True, timeout=30,
+                                 env=dict(os.environ, LUXUN_AGENT_SWITCH_S=bad))  # fmt: skip
+            assert run.returncode == 2 and run.stderr.startswith("luxun: LUXUN_AGENT_SWITCH_S="), (bad, run.stderr)
+            assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
     finally:
         taken.close()
