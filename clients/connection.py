@@ -32,6 +32,8 @@ from idl import luxun_thrift as T
 from .errors import BrokerUnavailableError, ClientClosedError, broker_error
 
 DEFAULT_PORT = 9092
+#: What a call on a broken, closed or silent connection raises (thriftpy2 and socket errors).
+CALL_ERRORS = (TTransportException, OSError, TApplicationException, EOFError)
 # A framed produce (or oneway asyncProduce) call as every Thrift generator writes it
 # (strict binary protocol): frame length, version 1 | CALL (ONEWAY), the name, seqid, args
 # field 1 (struct ProduceRequest) and its field 1 (binary item), the item's length; after
@@ -152,9 +154,8 @@ class BrokerConnection:
         client = self._connect()
         try:
             response = getattr(client, method)(request)
-        except (TTransportException, OSError, TApplicationException, EOFError) as exc:
-            self._drop()
-            raise BrokerUnavailableError(f"broker {self.where}, {method}: {self._reason(exc, method)}") from exc
+        except CALL_ERRORS as exc:
+            raise self._lost(exc, method) from exc
         if response is not None:
             self._answered = True
         return response
@@ -175,11 +176,16 @@ class BrokerConnection:
             if oneway:
                 return None
             response = client._recv(method)
-        except (TTransportException, OSError, TApplicationException, EOFError) as exc:
-            self._drop()
-            raise BrokerUnavailableError(f"broker {self.where}, {method}: {self._reason(exc, method)}") from exc
+        except CALL_ERRORS as exc:
+            raise self._lost(exc, method) from exc
         self._answered = True
         return _checked(response)
+
+    def _lost(self, exc: BaseException, method: str) -> BrokerUnavailableError:
+        """Drop the connection after ``exc`` (one of CALL_ERRORS) broke ``method``: the
+        error to raise, naming the broker and what happened."""
+        self._drop()
+        return BrokerUnavailableError(f"broker {self.where}, {method}: {self._reason(exc, method)}")
 
     def _drop(self) -> None:
         if self._client is not None:

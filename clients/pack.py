@@ -109,18 +109,21 @@ def pack_written_parts(count: int, written: bytes | bytearray) -> list[bytes | b
     batch's bytes go from its buffer to the kernel with no copy made in between."""
     list_head = _LIST_HEAD + _I32.pack(count)
     crc = zlib.crc32(b"\x00", zlib.crc32(written, zlib.crc32(list_head)))
-    crc = crc - 0x1_0000_0000 if crc & 0x8000_0000 else crc
     size = len(list_head) + len(written) + 1  # the payload: list, STOP of its struct
-    head = _PACK_HEAD.pack(_T_BYTE, 1, MAGIC, _T_BYTE, 2, NO_COMPRESSION, _T_I32, 3, crc, _T_STRING, 4, size)
-    return [head, list_head, written, b"\x00\x00"]  # the payload's STOP, the pack's STOP
+    return [_pack_head(NO_COMPRESSION, crc, size), list_head, written, b"\x00\x00"]  # payload's STOP, pack's STOP
 
 
 def _pack_payload(payload: bytes, codec: int) -> bytes:
     if codec != NO_COMPRESSION:
         payload = compress(payload, codec)
-    crc = _signed_crc32(payload)
-    head = _PACK_HEAD.pack(_T_BYTE, 1, MAGIC, _T_BYTE, 2, codec, _T_I32, 3, crc, _T_STRING, 4, len(payload))
-    return b"".join((head, payload, b"\x00"))
+    return b"".join((_pack_head(codec, zlib.crc32(payload), len(payload)), payload, b"\x00"))
+
+
+def _pack_head(codec: int, crc: int, size: int) -> bytes:
+    """A pack's fields before its payload's bytes (``crc``: zlib's unsigned crc32 of the
+    payload, stored as Java's signed int; ``size``: the payload's length)."""
+    signed = crc - 0x1_0000_0000 if crc & 0x8000_0000 else crc
+    return _PACK_HEAD.pack(_T_BYTE, 1, MAGIC, _T_BYTE, 2, codec, _T_I32, 3, signed, _T_STRING, 4, size)
 
 
 def decode_pack(item: bytes) -> list[bytes]:

@@ -79,13 +79,10 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from thriftpy2.thrift import TApplicationException
-from thriftpy2.transport import TTransportException
-
 from idl import luxun_thrift as T
 
-from ..connection import BrokerConnection, produce_call_parts, send_parts
-from ..errors import BrokerUnavailableError, LuxunClientError, MessageSizeTooLargeError, broker_error
+from ..connection import CALL_ERRORS, BrokerConnection, produce_call_parts, send_parts
+from ..errors import LuxunClientError, MessageSizeTooLargeError, broker_error
 from ..messages import NO_COMPRESSION, snappy_available
 from ..pack import encode_pack_written, pack_written_parts
 from . import discardlog as D
@@ -402,9 +399,8 @@ class _Pipelined(BrokerConnection):
                 send_parts(sock, parts)
             for _ in range(n):
                 answers.append(client._recv("produce"))
-        except (TTransportException, OSError, TApplicationException, EOFError) as exc:
-            self._drop()
-            return answers, BrokerUnavailableError(f"broker {self.where}, produce: {self._reason(exc, 'produce')}")
+        except CALL_ERRORS as exc:
+            return answers, self._lost(exc, "produce")
         self._answered = True
         return answers, None
 
