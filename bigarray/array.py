@@ -137,6 +137,13 @@ _NO_PAGE = _no_page()
 _READ_CHUNK_ITEMS = 16384
 #: Fewest index items a read with max_bytes converts at once (see _index_fields).
 _BUDGET_PROBE_ITEMS = 64
+#: A read that can return at most this many items (head or max_items that near, or a byte
+#: budget holding fewer of items the size of the first) reads their index items one by one
+#: (BigArray._small_fields), without numpy, whose fixed cost per read (some 15 calls) a live
+#: consumer, reading the few items that came since its last read, paid on every fetch.
+#: In process, read_range_view of the last 1 / 4 / 16 / 32 items of 100 B: 17-26 / 24-32 /
+#: 18-19 / 25-27 us through numpy, 5.5-9 / 7-10 / 9.5-15 / 14-20 us so.
+_SMALL_READ_ITEMS = 32
 
 
 def _no_release() -> None:
@@ -980,6 +987,11 @@ class BigArray:
         """
         out: list[bytes] = []
         with self._reading(start):
+            small = self._small_fields(start, max_items, max_bytes)
+            if small is not None:
+                for mm, _, _, places in self._small_runs(small):
+                    out.extend([mm[off : off + length] for off, length in places])
+                return out
             for pages, offsets, lengths in self._range_fields(start, max_items, max_bytes):
                 self._slice_items(pages, offsets, lengths, out)
         return out
@@ -998,6 +1010,14 @@ class BigArray:
         blobs: list[bytes] = []
         all_lengths: list[np.ndarray[Any, Any]] = []
         with self._reading(start):
+            small = self._small_fields(start, max_items, max_bytes)
+            if small is not None:
+                for mm, begin, end, places in self._small_runs(small):
+                    if end - begin == sum(length for _, length in places):  # back to back
+                        blobs.append(mm[begin:end])
+                    else:
+                        blobs.append(b"".join([mm[off : off + length] for off, length in places]))
+                return np.array([length for _, _, length in small], dtype=np.int64), b"".join(blobs)
             for pages, offsets, lengths in self._range_fields(start, max_items, max_bytes):
                 self._join_items(pages, offsets, lengths, blobs)
                 all_lengths.append(lengths)
@@ -1020,6 +1040,21 @@ class BigArray:
             IndexOutOfRangeError: ``start`` is outside [tail, head].
         """
         with self._reading(start):
+            small = self._small_fields(start, max_items, max_bytes)
+            if small is not None:
+                if not small:
+                    return np.zeros(0, dtype=np.int64), b"", _no_release
+                page_no, first_off, _ = small[0]
+                end_off = first_off
+                for p, off, length in small:
+                    if p != page_no or off != end_off:
+                        break  # not one run on one page: copied below
+                    end_off += length
+                else:
+                    lengths = np.array([length for _, _, length in small], dtype=np.int64)
+                    return (lengths, *self._page_view(page_no, first_off, end_off))
+                lengths, data = self.read_range_blob(start, max_items=max_items, max_bytes=max_bytes)
+                return lengths, data, _no_release
             chunks = self._range_fields(start, max_items, max_bytes)
             if len(chunks) == 1:
                 pages, offsets, lengths = chunks[0]
@@ -1028,15 +1063,20 @@ class BigArray:
                 if bool((pages == pages[0]).all()) and np.array_equal(
                     offsets[1:] - first_off, np.cumsum(lengths[:-1])
                 ):  # one page, back to back
-                    dpage = self._data.acquire(int(pages[0]))  # FileNotFoundError: see _reading
-                    try:
-                        view = memoryview(dpage.mm).toreadonly()[first_off:end_off]
-                    except BaseException:
-                        self._data.release(dpage)
-                        raise
-                    return lengths, view, functools.partial(self._release_view, view, dpage)
+                    return (lengths, *self._page_view(int(pages[0]), first_off, end_off))
         lengths, data = self.read_range_blob(start, max_items=max_items, max_bytes=max_bytes)
         return lengths, data, _no_release
+
+    def _page_view(self, page_no: int, begin: int, end: int) -> tuple[memoryview, Callable[[], None]]:
+        """A read-only view of bytes [begin, end) of data page ``page_no`` and the call
+        that lets it go (see :meth:`read_range_view`)."""
+        dpage = self._data.acquire(page_no)  # FileNotFoundError: see _reading
+        try:
+            view = memoryview(dpage.mm).toreadonly()[begin:end]
+        except BaseException:
+            self._data.release(dpage)
+            raise
+        return view, functools.partial(self._release_view, view, dpage)
 
     def _release_view(self, view: memoryview, page: MappedPage) -> None:
         view.release()
@@ -1056,17 +1096,91 @@ class BigArray:
                 raise self._closed_error() from None
             raise
 
+    def _readable_from(self, start: int, head: int) -> bool:
+        """Whether a read from ``start`` has items (False: ``start`` is head).
+
+        Raises:
+            ArrayClosedError: the array was closed.
+            IndexOutOfRangeError: ``start`` is outside [tail, head].
+        """
+        self._check_open()
+        if start == head and start >= self._tail:
+            return False
+        if start < self._tail or start > head:
+            raise IndexOutOfRangeError(start, self._tail, head)
+        return True
+
+    def _small_fields(
+        self, start: int, max_items: int | None, max_bytes: int | None
+    ) -> list[tuple[int, int, int]] | None:
+        """(data page, offset, length) of each item a read from ``start`` returns, read
+        from the index one by one, when it can return at most ``_SMALL_READ_ITEMS``
+        items; None when it can return more (then :meth:`_range_fields` reads them).
+        Checks ``start`` as :meth:`_range_fields` does; call it within :meth:`_reading`."""
+        head = self._head
+        end = head if max_items is None else min(head, start + max(1, max_items))
+        stop = end
+        if end - start > _SMALL_READ_ITEMS:
+            # More are there: a byte budget may still take few (judged by the first item).
+            if max_bytes is None or not self._tail <= start < head:
+                return None
+            if max_bytes // max(1, self._index_record(start)[2]) >= _SMALL_READ_ITEMS:
+                return None
+            stop = min(end, start + 2 * _SMALL_READ_ITEMS)  # smaller items after it: see below
+        if not self._readable_from(start, head):
+            return []
+        budget = max_bytes
+        fields: list[tuple[int, int, int]] = []
+        ipage: MappedPage | None = None
+        try:
+            for idx in range(start, stop):
+                if ipage is None or ipage.page_no != idx >> _PAGE_BITS:
+                    if ipage is not None:
+                        self._index.release(ipage)
+                        ipage = None
+                    ipage = self._index.acquire(idx >> _PAGE_BITS)
+                place: tuple[int, int, int] = _unpack_item_place(ipage.mm, (idx & _SLOT_MASK) << _SLOT_BITS)
+                if budget is not None:
+                    budget -= place[2]
+                    if budget < 0 and fields:
+                        break  # always at least one item, even one larger than max_bytes
+                fields.append(place)
+            else:
+                if stop < end:
+                    return None  # room left after them: _range_fields reads on
+        finally:
+            if ipage is not None:
+                self._index.release(ipage)
+        return fields
+
+    def _small_runs(
+        self, fields: list[tuple[int, int, int]]
+    ) -> Iterator[tuple[mmap.mmap, int, int, list[tuple[int, int]]]]:
+        """Per run of :meth:`_small_fields` items on one data page: (its mapping, held
+        while the caller reads it, the run's first offset, the end of its last item, each
+        item's (offset, length))."""
+        a = 0
+        while a < len(fields):
+            page_no = fields[a][0]
+            b = a + 1
+            while b < len(fields) and fields[b][0] == page_no:
+                b += 1
+            dpage = self._data.acquire(page_no)  # FileNotFoundError: see _reading
+            try:
+                places = [(off, length) for _, off, length in fields[a:b]]
+                yield dpage.mm, places[0][0], places[-1][0] + places[-1][1], places
+            finally:
+                self._data.release(dpage)
+            a = b
+
     def _range_fields(
         self, start: int, max_items: int | None, max_bytes: int | None
     ) -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
         """Index fields (pages, offsets, lengths) of the items a read from ``start``
         returns, in chunks within one index page each (see :meth:`read_range`)."""
-        self._check_open()
         head = self._head
-        if start == head and start >= self._tail:
+        if not self._readable_from(start, head):
             return []
-        if start < self._tail or start > head:
-            raise IndexOutOfRangeError(start, self._tail, head)
         end = head if max_items is None else min(head, start + max(1, max_items))
         budget = -1 if max_bytes is None else max_bytes
         chunks: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []

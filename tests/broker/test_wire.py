@@ -88,6 +88,14 @@ RESPONSES = {
     "many": T.ConsumeResponse(
         result=T.Result(resultCode=0), itemList=[b"%d" % i for i in range(5000)], lastConsumedIndex=4999
     ),
+    "few of one size": T.ConsumeResponse(  # as many as are framed in Python
+        result=T.Result(resultCode=0), itemList=[bytes([65 + i]) * 100 for i in range(32)], lastConsumedIndex=9
+    ),
+    "one more, sizes mixed": T.ConsumeResponse(  # one more than that: numpy's insert
+        result=T.Result(resultCode=0),
+        itemList=[bytes([65 + i]) * (i * 7 % 300) for i in range(33)],
+        lastConsumedIndex=9,
+    ),
 }
 
 
@@ -99,10 +107,12 @@ def test_encode_consume_reply_matches_thriftpy2(name: str, seqid: int) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(n for n, r in RESPONSES.items() if r.itemList is not None))
-def test_items_as_one_blob_encode_the_same(name: str) -> None:
+@pytest.mark.parametrize("view", [False, True], ids=["bytes", "view"])
+def test_items_as_one_blob_encode_the_same(name: str, view: bool) -> None:
     response = RESPONSES[name]
     items = response.itemList
-    blob = ItemBlob(np.array([len(x) for x in items], dtype=np.int64), b"".join(items))
+    data = b"".join(items)  # a storage page's view when read with read_range_view
+    blob = ItemBlob(np.array([len(x) for x in items], dtype=np.int64), memoryview(data).toreadonly() if view else data)
     assert len(blob) == len(items) and blob.nbytes == sum(map(len, items)) and blob.to_list() == items
     as_blob = copy.copy(response)
     as_blob.itemList = blob
