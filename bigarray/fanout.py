@@ -415,7 +415,8 @@ class FanoutQueue:
         """Read from the group's position with ``read(index)`` (a list of items or
         ``(lengths, data)``) and move the group past what it returned; ``empty`` when
         the group has read everything."""
-        with self._locked_group(group) as g:
+        g = self._lock_group(group)
+        try:
             if g.committed is not None:
                 raise CommittedGroupError(self.path, group)
             while True:
@@ -431,6 +432,8 @@ class FanoutQueue:
                     continue  # retention moved the tail under us: start again from it
                 g.move(start + len(got[0]) if isinstance(got, tuple) else start + len(got))
                 break
+        finally:
+            g.lock.release()
         count = len(got[0]) if isinstance(got, tuple) else len(got)
         if self._auto_cleanup and count:
             self._maybe_cleanup()
@@ -635,12 +638,22 @@ class FanoutQueue:
     @contextlib.contextmanager
     def _locked_group(self, group: str) -> Iterator[_Group]:
         """The group, created if needed, with its lock held; never one being removed."""
+        g = self._lock_group(group)
+        try:
+            yield g
+        finally:
+            g.lock.release()
+
+    def _lock_group(self, group: str) -> _Group:
+        """The group, created if needed, with its lock taken (the caller releases it);
+        never one being removed. (:meth:`_take` calls it without a context manager,
+        which cost 1.5 us a read.)"""
         while True:
             g = self._group(group)
-            with g.lock:
-                if not g.closed:
-                    yield g
-                    return
+            g.lock.acquire()
+            if not g.closed:
+                return g
+            g.lock.release()
             self._check_open()
 
     def _front(self, g: _Group) -> int:
