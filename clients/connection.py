@@ -28,22 +28,19 @@ from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportEx
 
 from idl import QueueService
 from idl import luxun_thrift as T
+from idl.calls import ARGS_ITEM, ASYNC_PRODUCE_NAME, CALL, ONEWAY, PRODUCE_NAME, TOPIC_FIELD
 
 from .errors import BrokerUnavailableError, ClientClosedError, broker_error
 
 DEFAULT_PORT = 9092
 #: What a call on a broken, closed or silent connection raises (thriftpy2 and socket errors).
 CALL_ERRORS = (TTransportException, OSError, TApplicationException, EOFError)
-# A framed produce (or oneway asyncProduce) call as every Thrift generator writes it
-# (strict binary protocol): frame length, version 1 | CALL (ONEWAY), the name, seqid, args
-# field 1 (struct ProduceRequest) and its field 1 (binary item), the item's length; after
-# the item, field 2 (string topic), the topic, then STOP of the request and of the args.
-_ARGS_ITEM = b"\x0c\x00\x01\x0b\x00\x01"
-_CALL_HEADS = {  # oneway -> (the head's layout, version 1 | message type, name with its length)
-    False: (struct.Struct(">ii11si6si"), -2147418111, b"\x00\x00\x00\x07produce"),  # 0x80010001
-    True: (struct.Struct(">ii16si6si"), -2147418108, b"\x00\x00\x00\x0casyncProduce"),  # 0x80010004
+# A framed produce (or oneway asyncProduce) call (idl.calls): frame length, message type,
+# the name, seqid, the item's field headers and length; after the item, the topic's field.
+_CALL_HEADS = {  # oneway -> (the head's layout, message type, name with its length)
+    oneway: (struct.Struct(f">ii{len(name)}si{len(ARGS_ITEM)}si"), kind, name)
+    for oneway, kind, name in ((False, CALL, PRODUCE_NAME), (True, ONEWAY, ASYNC_PRODUCE_NAME))
 }
-_TOPIC_FIELD = b"\x0b\x00\x02"
 _I32 = struct.Struct(">i")
 #: Defaults for tools (the ``luxun`` CLI): establishing a connection, then each call.
 DEFAULT_CONNECT_TIMEOUT_MS = 5_000
@@ -221,9 +218,9 @@ def produce_call_parts(
     copied): for :func:`send_parts`. The answer is read as thriftpy2's client reads any."""
     head, message_type, method = _CALL_HEADS[oneway]
     name = topic.encode()
-    tail = b"".join((_TOPIC_FIELD, _I32.pack(len(name)), name, b"\x00\x00"))
+    tail = b"".join((TOPIC_FIELD, _I32.pack(len(name)), name, b"\x00\x00"))
     size = head.size - 4 + item_size + len(tail)
-    return [head.pack(size, message_type, method, 0, _ARGS_ITEM, item_size), *item, tail]
+    return [head.pack(size, message_type, method, 0, ARGS_ITEM, item_size), *item, tail]
 
 
 def send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray]) -> None:

@@ -30,30 +30,27 @@ from typing import Any
 
 import numpy as np
 
+from idl.calls import ARGS_ITEM, ASYNC_PRODUCE_NAME, CALL, ONEWAY, PRODUCE_NAME, REPLY, TOPIC_FIELD
+
 _I32 = struct.Struct(">i")
-_REPLY_HEADER = _I32.pack(-2147418110) + _I32.pack(7) + b"consume"  # 0x80010002, "consume"
-_PRODUCE_REPLY_HEADER = _I32.pack(-2147418110) + _I32.pack(7) + b"produce"
+_REPLY_HEADER = _I32.pack(REPLY) + _I32.pack(7) + b"consume"
+_PRODUCE_REPLY_HEADER = _I32.pack(REPLY) + PRODUCE_NAME
 _T_STRUCT, _T_I32, _T_I64, _T_STRING, _T_LIST = 12, 8, 10, 11, 15
 _MAX_PARTS = 512  # buffers per reply from encode_consume_reply_parts (IOV_MAX is 1024)
 
-# Calls: version 1 | CALL (1) or ONEWAY (4), then the method name.
-_CALL, _ONEWAY = -2147418111, -2147418108  # 0x80010001, 0x80010004
-_PRODUCE = b"\x00\x00\x00\x07produce"
-_ASYNC_PRODUCE = b"\x00\x00\x00\x0casyncProduce"
-_ARGS_ITEM = b"\x0c\x00\x01\x0b\x00\x01"  # args field 1 (struct) -> ProduceRequest field 1 (binary item)
-_TOPIC_FIELD = b"\x0b\x00\x02"  # ProduceRequest field 2 (string topic)
+# Calls (their layout: idl.calls).
 _HEAD_I32 = struct.Struct(">i")
 # message type, method name (with its length), seqid, the two field headers, item length
-_PRODUCE_HEAD = struct.Struct(f">i{len(_PRODUCE)}si{len(_ARGS_ITEM)}si")
-_ASYNC_PRODUCE_HEAD = struct.Struct(f">i{len(_ASYNC_PRODUCE)}si{len(_ARGS_ITEM)}si")
-_TOPIC_HEAD = struct.Struct(f">{len(_TOPIC_FIELD)}si")
+_PRODUCE_HEAD = struct.Struct(f">i{len(PRODUCE_NAME)}si{len(ARGS_ITEM)}si")
+_ASYNC_PRODUCE_HEAD = struct.Struct(f">i{len(ASYNC_PRODUCE_NAME)}si{len(ARGS_ITEM)}si")
+_TOPIC_HEAD = struct.Struct(f">{len(TOPIC_FIELD)}si")
 #: An asyncProduce call in the canonical layout (see parse_produce_call) starts with
 #: ASYNC_PRODUCE_START (ONEWAY and the name); its seqid follows, then ASYNC_ITEM_HEAD at
 #: ASYNC_ITEM_HEAD_AT, the item's length at ASYNC_ITEM_LEN_AT and the item at ASYNC_ITEM_AT;
 #: after the item, the call's tail: the topic field, the topic and STOP STOP. Two calls
 #: with the same tail go to the same topic (a server compares instead of parsing again).
-ASYNC_PRODUCE_START = _I32.pack(_ONEWAY) + _ASYNC_PRODUCE
-ASYNC_ITEM_HEAD = _ARGS_ITEM
+ASYNC_PRODUCE_START = _I32.pack(ONEWAY) + ASYNC_PRODUCE_NAME
+ASYNC_ITEM_HEAD = ARGS_ITEM
 ASYNC_ITEM_HEAD_AT = len(ASYNC_PRODUCE_START) + 4
 ASYNC_ITEM_LEN_AT = ASYNC_ITEM_HEAD_AT + len(ASYNC_ITEM_HEAD)
 ASYNC_ITEM_AT = _ASYNC_PRODUCE_HEAD.size
@@ -300,23 +297,23 @@ def parse_produce_call(
     try:
         if buf[start + 7] == 12:
             kind, name, seqid, args, size = _ASYNC_PRODUCE_HEAD.unpack_from(buf, start)
-            if name != _ASYNC_PRODUCE:
+            if name != ASYNC_PRODUCE_NAME:
                 return None
             oneway = True
             pos = start + _ASYNC_PRODUCE_HEAD.size
         else:
             kind, name, seqid, args, size = _PRODUCE_HEAD.unpack_from(buf, start)
-            if name != _PRODUCE:
+            if name != PRODUCE_NAME:
                 return None
             oneway = False
             pos = start + _PRODUCE_HEAD.size
-        if (kind != _CALL and kind != _ONEWAY) or args != _ARGS_ITEM or size < 0 or pos + size + 7 > end:
+        if (kind != CALL and kind != ONEWAY) or args != ARGS_ITEM or size < 0 or pos + size + 7 > end:
             return None
         item = buf[pos : pos + size]  # one copy (a view of a memoryview); bytes(...) of it was a second
         pos += size
         field, size = _TOPIC_HEAD.unpack_from(buf, pos)
         pos += 7
-        if field != _TOPIC_FIELD or size < 0 or pos + size + 2 != end or buf[end - 2] or buf[end - 1]:
+        if field != TOPIC_FIELD or size < 0 or pos + size + 2 != end or buf[end - 2] or buf[end - 1]:
             return None
         topic = str(buf[pos : pos + size], "utf-8")
     except (struct.error, IndexError, UnicodeDecodeError):
@@ -352,7 +349,7 @@ def parse_consume_call(buf: bytes | bytearray | memoryview, start: int, end: int
     """
     try:
         (kind,) = _HEAD_I32.unpack_from(buf, start)
-        if kind != _CALL or buf[start + 4 : start + 15] != _CONSUME:
+        if kind != CALL or buf[start + 4 : start + 15] != _CONSUME:
             return None
         (seqid,) = _HEAD_I32.unpack_from(buf, start + 15)
         if buf[start + 19 : start + 22] != b"\x0c\x00\x01":  # args field 1: struct
