@@ -15,6 +15,7 @@ import ctypes
 import errno
 import fcntl
 import functools
+import itertools
 import json
 import logging
 import mmap
@@ -141,9 +142,17 @@ _BUDGET_PROBE_ITEMS = 64
 #: budget holding fewer of items the size of the first) reads their index items one by one
 #: (BigArray._small_fields), without numpy, whose fixed cost per read (some 15 calls) a live
 #: consumer, reading the few items that came since its last read, paid on every fetch.
-#: In process, read_range_view of the last 1 / 4 / 16 / 32 items of 100 B: 17-26 / 24-32 /
-#: 18-19 / 25-27 us through numpy, 5.5-9 / 7-10 / 9.5-15 / 14-20 us so.
+#: In process, read_range_view of the last 1 / 4 / 16 / 32 items of 100 B: 17-26 / 18-32 /
+#: 18-20 / 17-27 us through numpy, 5.5-10 / 6-11 / 7.6-13 / 10 us so (their index items
+#: read with one struct call per index page: _INDEX_PLACES).
 _SMALL_READ_ITEMS = 32
+#: Index items such a read looks at when a byte budget holds few items the size of the
+#: first (smaller ones may follow: if all of these fit, _range_fields reads instead).
+_SMALL_READ_WINDOW = 2 * _SMALL_READ_ITEMS
+#: Structs that read (data page, offset, length) of n consecutive index items, by n
+#: (each item: page i8, offset i4, length i4, then its timestamp and aux: fmt.INDEX_DTYPE).
+_INDEX_PLACES = [struct.Struct(">" + "qii16x" * n) for n in range(_SMALL_READ_WINDOW + 1)]
+assert _INDEX_PLACES[1].size == fmt.INDEX_ITEM_SIZE
 
 
 class _Reading:
@@ -167,6 +176,12 @@ class _Reading:
             raise IndexOutOfRangeError(self.start, array._tail, array._head) from None
         if issubclass(kind, ValueError) and array._closed:
             raise array._closed_error() from None
+
+
+def _back_to_back(offsets: list[int], lengths: list[int]) -> bool:
+    """Whether items at ``offsets`` (of one data page) with ``lengths`` lie one right
+    after the other."""
+    return list(itertools.accumulate(lengths[:-1], initial=offsets[0])) == offsets
 
 
 def _no_release() -> None:
@@ -1012,8 +1027,8 @@ class BigArray:
         with self._reading(start):
             small = self._small_fields(start, max_items, max_bytes)
             if small is not None:
-                for mm, _, _, places in self._small_runs(small):
-                    out.extend([mm[off : off + length] for off, length in places])
+                for mm, offs, lens, _ in self._small_runs(*small):
+                    out.extend([mm[off : off + length] for off, length in zip(offs, lens, strict=True)])
                 return out
             for pages, offsets, lengths in self._range_fields(start, max_items, max_bytes):
                 self._slice_items(pages, offsets, lengths, out)
@@ -1035,12 +1050,12 @@ class BigArray:
         with self._reading(start):
             small = self._small_fields(start, max_items, max_bytes)
             if small is not None:
-                for mm, begin, end, places in self._small_runs(small):
-                    if end - begin == sum(length for _, length in places):  # back to back
-                        blobs.append(mm[begin:end])
+                for mm, offs, lens, contiguous in self._small_runs(*small):
+                    if contiguous:
+                        blobs.append(mm[offs[0] : offs[-1] + lens[-1]])
                     else:
-                        blobs.append(b"".join([mm[off : off + length] for off, length in places]))
-                return np.array([length for _, _, length in small], dtype=np.int64), b"".join(blobs)
+                        blobs.append(b"".join([mm[off : off + n] for off, n in zip(offs, lens, strict=True)]))
+                return np.array(small[2], dtype=np.int64), b"".join(blobs)
             for pages, offsets, lengths in self._range_fields(start, max_items, max_bytes):
                 self._join_items(pages, offsets, lengths, blobs)
                 all_lengths.append(lengths)
@@ -1065,17 +1080,11 @@ class BigArray:
         with self._reading(start):
             small = self._small_fields(start, max_items, max_bytes)
             if small is not None:
-                if not small:
+                on, offs, lens = small  # data pages, offsets, lengths
+                if not on:
                     return np.zeros(0, dtype=np.int64), b"", _no_release
-                page_no, first_off, _ = small[0]
-                end_off = first_off
-                for p, off, length in small:
-                    if p != page_no or off != end_off:
-                        break  # not one run on one page: copied below
-                    end_off += length
-                else:
-                    lengths = np.array([length for _, _, length in small], dtype=np.int64)
-                    return (lengths, *self._page_view(page_no, first_off, end_off))
+                if on[0] == on[-1] and _back_to_back(offs, lens):
+                    return (np.array(lens, dtype=np.int64), *self._page_view(on[0], offs[0], offs[-1] + lens[-1]))
                 lengths, data = self.read_range_blob(start, max_items=max_items, max_bytes=max_bytes)
                 return lengths, data, _no_release
             chunks = self._range_fields(start, max_items, max_bytes)
@@ -1127,11 +1136,12 @@ class BigArray:
 
     def _small_fields(
         self, start: int, max_items: int | None, max_bytes: int | None
-    ) -> list[tuple[int, int, int]] | None:
-        """(data page, offset, length) of each item a read from ``start`` returns, read
-        from the index one by one, when it can return at most ``_SMALL_READ_ITEMS``
-        items; None when it can return more (then :meth:`_range_fields` reads them).
-        Checks ``start`` as :meth:`_range_fields` does; call it within :meth:`_reading`."""
+    ) -> tuple[list[int], list[int], list[int]] | None:
+        """Data pages, offsets and lengths of the items a read from ``start`` returns, read
+        from the index with one struct call per index page, when it can return at most
+        ``_SMALL_READ_ITEMS`` items; None when it can return more (then
+        :meth:`_range_fields` reads them). Checks ``start`` as :meth:`_range_fields` does;
+        call it within :meth:`_reading`."""
         head = self._head
         end = head if max_items is None else min(head, start + max(1, max_items))
         stop = end
@@ -1141,49 +1151,50 @@ class BigArray:
                 return None
             if max_bytes // max(1, self._index_record(start)[2]) >= _SMALL_READ_ITEMS:
                 return None
-            stop = min(end, start + 2 * _SMALL_READ_ITEMS)  # smaller items after it: see below
+            stop = min(end, start + _SMALL_READ_WINDOW)  # smaller items after it: see below
         if not self._readable_from(start, head):
-            return []
-        budget = max_bytes
-        fields: list[tuple[int, int, int]] = []
-        ipage: MappedPage | None = None
-        try:
-            for idx in range(start, stop):
-                if ipage is None or ipage.page_no != idx >> _PAGE_BITS:
-                    if ipage is not None:
-                        self._index.release(ipage)
-                        ipage = None
-                    ipage = self._index.acquire(idx >> _PAGE_BITS)
-                place: tuple[int, int, int] = _unpack_item_place(ipage.mm, (idx & _SLOT_MASK) << _SLOT_BITS)
-                if budget is not None:
-                    budget -= place[2]
-                    if budget < 0 and fields:
-                        break  # always at least one item, even one larger than max_bytes
-                fields.append(place)
-            else:
-                if stop < end:
-                    return None  # room left after them: _range_fields reads on
-        finally:
-            if ipage is not None:
+            return [], [], []
+        pages: list[int] = []
+        offsets: list[int] = []
+        lengths: list[int] = []
+        idx = start
+        while idx < stop:
+            page_no = idx >> _PAGE_BITS
+            m = min(stop, (page_no + 1) << _PAGE_BITS) - idx
+            ipage = self._index.acquire(page_no)  # FileNotFoundError: see _reading
+            try:
+                places = _INDEX_PLACES[m].unpack_from(ipage.mm, (idx & _SLOT_MASK) << _SLOT_BITS)
+            finally:
                 self._index.release(ipage)
-        return fields
+            pages += places[0::3]
+            offsets += places[1::3]
+            lengths += places[2::3]
+            idx += m
+        if max_bytes is not None:
+            # As many as sum to max_bytes or less, and always one (even one larger).
+            k = bisect.bisect_right(list(itertools.accumulate(lengths)), max_bytes) or 1
+            if k == len(lengths) and stop < end:
+                return None  # room left after them: _range_fields reads on
+            del pages[k:], offsets[k:], lengths[k:]
+        return pages, offsets, lengths
 
     def _small_runs(
-        self, fields: list[tuple[int, int, int]]
-    ) -> Iterator[tuple[mmap.mmap, int, int, list[tuple[int, int]]]]:
+        self, pages: list[int], offsets: list[int], lengths: list[int]
+    ) -> Iterator[tuple[mmap.mmap, list[int], list[int], bool]]:
         """Per run of :meth:`_small_fields` items on one data page: (its mapping, held
-        while the caller reads it, the run's first offset, the end of its last item, each
-        item's (offset, length))."""
+        while the caller reads it, the items' offsets and lengths, whether the items lie
+        back to back there)."""
         a = 0
-        while a < len(fields):
-            page_no = fields[a][0]
-            b = a + 1
-            while b < len(fields) and fields[b][0] == page_no:
+        n = len(pages)
+        while a < n:
+            page_no = pages[a]
+            b = n if pages[-1] == page_no else a + 1
+            while b < n and pages[b] == page_no:
                 b += 1
+            offs, lens = offsets[a:b], lengths[a:b]
             dpage = self._data.acquire(page_no)  # FileNotFoundError: see _reading
             try:
-                places = [(off, length) for _, off, length in fields[a:b]]
-                yield dpage.mm, places[0][0], places[-1][0] + places[-1][1], places
+                yield dpage.mm, offs, lens, _back_to_back(offs, lens)
             finally:
                 self._data.release(dpage)
             a = b

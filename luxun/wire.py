@@ -91,9 +91,10 @@ class ItemBlob:
 
 
 #: Up to this many items (under 512 B on average), _framed_items frames them in Python:
-#: encode_consume_reply_parts of 1 / 4 / 16 / 32 items of 100 B took 5.8-9.7 / 7.6-8.3 /
-#: 7.5-10 / 11.7-12.2 us through numpy, 1.8-2.7 / 2.6-3.7 / 4.4-7.3 / 7.4-10.1 us so.
-_FRAME_IN_PYTHON = 32
+#: encode_consume_reply_parts of 1 / 4 / 16 / 32 items of 100 B took 5.8-9.7 / 6.2-8.3 /
+#: 6.3-10 / 6.2-12.2 us through numpy, 1.7-2.7 / 2.2-3.7 / 4.4-7.3 / 7.4-10.1 us so (32: a
+#: tie, so not beyond 16).
+_FRAME_IN_PYTHON = 16
 
 
 def _framed_items(items: ItemBlob) -> np.ndarray[Any, Any] | list[Any]:

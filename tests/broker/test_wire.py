@@ -89,11 +89,11 @@ RESPONSES = {
         result=T.Result(resultCode=0), itemList=[b"%d" % i for i in range(5000)], lastConsumedIndex=4999
     ),
     "few of one size": T.ConsumeResponse(  # as many as are framed in Python
-        result=T.Result(resultCode=0), itemList=[bytes([65 + i]) * 100 for i in range(32)], lastConsumedIndex=9
+        result=T.Result(resultCode=0), itemList=[bytes([65 + i]) * 100 for i in range(16)], lastConsumedIndex=9
     ),
     "one more, sizes mixed": T.ConsumeResponse(  # one more than that: numpy's insert
         result=T.Result(resultCode=0),
-        itemList=[bytes([65 + i]) * (i * 7 % 300) for i in range(33)],
+        itemList=[bytes([65 + i]) * (i * 7 % 300) for i in range(17)],
         lastConsumedIndex=9,
     ),
 }
