@@ -139,9 +139,10 @@ _READ_CHUNK_ITEMS = 16384
 #: Fewest index items a read with max_bytes converts at once (see _index_fields).
 _BUDGET_PROBE_ITEMS = 64
 #: A read that can return at most this many items (head or max_items that near, or a byte
-#: budget holding fewer of items the size of the first) reads their index items one by one
-#: (BigArray._small_fields), without numpy, whose fixed cost per read (some 15 calls) a live
-#: consumer, reading the few items that came since its last read, paid on every fetch.
+#: budget holding fewer of items the size of the first) reads their index items with one
+#: struct call per index page and cuts the items in Python (BigArray._small_fields), not
+#: with numpy, whose fixed cost per read (some 15 calls) a live consumer, reading the few
+#: items that came since its last read, paid on every fetch.
 #: In process, read_range_view of the last 1 / 4 / 16 / 32 items of 100 B: 17-26 / 18-32 /
 #: 18-20 / 17-27 us through numpy, 5.5-10 / 6-11 / 7.6-13 / 10 us so (their index items
 #: read with one struct call per index page: _INDEX_PLACES).
