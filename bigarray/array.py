@@ -154,6 +154,9 @@ _SMALL_READ_WINDOW = 2 * _SMALL_READ_ITEMS
 #: (each item: page i8, offset i4, length i4, then its timestamp and aux: fmt.INDEX_DTYPE).
 _INDEX_PLACES = [struct.Struct(">" + "qii16x" * n) for n in range(_SMALL_READ_WINDOW + 1)]
 assert _INDEX_PLACES[1].size == fmt.INDEX_ITEM_SIZE
+#: Structs that read the aux field of n consecutive index items, by n (offset_fields).
+_INDEX_AUXES = [struct.Struct(">" + f"{fmt.INDEX_AUX_OFFSET}xQ" * n) for n in range(_SMALL_READ_ITEMS + 1)]
+assert _INDEX_AUXES[1].size == fmt.INDEX_ITEM_SIZE
 
 
 class _Reading:
@@ -878,6 +881,13 @@ class BigArray:
         if count <= 0:
             self._check_open()
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8)
+        if count <= _SMALL_READ_ITEMS:  # without numpy's set-up, as reads of a few items
+            self._check_span(start, count)
+            with self._reading(start):
+                auxes = self._unpack_index_items(start, start + count, _INDEX_AUXES)
+            plain_or_counted = [a & fmt.OFFSET_MASK if a else i for i, a in enumerate(auxes, start + 1)]
+            kind_list = [a >> fmt.OFFSET_BITS for a in auxes]
+            return np.array(plain_or_counted, dtype=np.int64), np.array(kind_list, dtype=np.uint8)
         aux = self._index_column(start, count, "aux").astype(np.uint64)
         plain = np.arange(start + 1, start + count + 1, dtype=np.int64)
         ends = np.where(aux == 0, plain, (aux & np.uint64(fmt.OFFSET_MASK)).astype(np.int64))
@@ -985,6 +995,12 @@ class BigArray:
         out: list[int] = self._index_column(start, count, "timestamp").tolist()
         return out
 
+    def _check_span(self, start: int, count: int) -> None:
+        """Raise unless the array is open and [start, start + count) inside [tail, head)."""
+        self._check_open()
+        if start < self._tail or start + count > self._head:
+            raise IndexOutOfRangeError(start if start < self._tail else start + count - 1, self._tail, self._head)
+
     def _index_column(self, start: int, count: int, field: str) -> np.ndarray[Any, Any]:
         """One field of the ``count`` (> 0) index items from ``start``, copied out of the
         index pages (one numpy slice per page).
@@ -992,9 +1008,7 @@ class BigArray:
         Raises:
             IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
         """
-        self._check_open()
-        if start < self._tail or start + count > self._head:
-            raise IndexOutOfRangeError(start if start < self._tail else start + count - 1, self._tail, self._head)
+        self._check_span(start, count)
         parts: list[np.ndarray[Any, Any]] = []
         idx, end = start, start + count
         try:
@@ -1155,22 +1169,8 @@ class BigArray:
             stop = min(end, start + _SMALL_READ_WINDOW)  # smaller items after it: see below
         if not self._readable_from(start, head):
             return [], [], []
-        pages: list[int] = []
-        offsets: list[int] = []
-        lengths: list[int] = []
-        idx = start
-        while idx < stop:
-            page_no = idx >> _PAGE_BITS
-            m = min(stop, (page_no + 1) << _PAGE_BITS) - idx
-            ipage = self._index.acquire(page_no)  # FileNotFoundError: see _reading
-            try:
-                places = _INDEX_PLACES[m].unpack_from(ipage.mm, (idx & _SLOT_MASK) << _SLOT_BITS)
-            finally:
-                self._index.release(ipage)
-            pages += places[0::3]
-            offsets += places[1::3]
-            lengths += places[2::3]
-            idx += m
+        places = self._unpack_index_items(start, stop, _INDEX_PLACES)
+        pages, offsets, lengths = list(places[0::3]), list(places[1::3]), list(places[2::3])
         if max_bytes is not None:
             # As many as sum to max_bytes or less, and always one (even one larger).
             k = bisect.bisect_right(list(itertools.accumulate(lengths)), max_bytes) or 1
@@ -1178,6 +1178,26 @@ class BigArray:
                 return None  # room left after them: _range_fields reads on
             del pages[k:], offsets[k:], lengths[k:]
         return pages, offsets, lengths
+
+    def _unpack_index_items(self, start: int, stop: int, structs: list[struct.Struct]) -> tuple[Any, ...]:
+        """What ``structs[n]`` (a Struct reading n index items) reads of index items
+        [start, stop), with one call per index page, joined.
+
+        Raises:
+            FileNotFoundError: an index page is gone (retention).
+        """
+        out: tuple[Any, ...] = ()
+        idx = start
+        while idx < stop:
+            page_no = idx >> _PAGE_BITS
+            m = min(stop, (page_no + 1) << _PAGE_BITS) - idx
+            ipage = self._index.acquire(page_no)
+            try:
+                out += structs[m].unpack_from(ipage.mm, (idx & _SLOT_MASK) << _SLOT_BITS)
+            finally:
+                self._index.release(ipage)
+            idx += m
+        return out
 
     def _small_runs(
         self, pages: list[int], offsets: list[int], lengths: list[int]

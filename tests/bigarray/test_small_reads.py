@@ -10,6 +10,7 @@ import os
 import random
 import struct
 
+import numpy as np
 import pytest
 
 from bigarray import BigArray, FanoutQueue, IndexOutOfRangeError
@@ -177,3 +178,26 @@ def test_items_not_back_to_back_on_their_page_are_read_each_from_its_place(tmp_p
         for max_items in (None, 2, 3):
             check_reads(arr, 0, max_items, None)
             check_reads(arr, 1, max_items, 25)
+
+
+def test_offset_fields_of_a_few_items_match_each_items_offsets(tmp_path) -> None:
+    # Plain items (aux 0) and items holding several records with a kind, across the end
+    # of an index page: offset_fields of up to 32 items reads them without numpy.
+    with BigArray(tmp_path / "a") as arr:
+        arr.append_many([b"p"] * (PER_PAGE - 10))
+        for i in range(24):
+            if i % 3:
+                arr.append(b"c%d" % i, count=i + 1, kind=i % 5)
+            else:
+                arr.append(b"p")
+        for start in range(PER_PAGE - 14, arr.head):
+            for count in range(1, min(34, arr.head - start) + 1):
+                ends, kinds = arr.offset_fields(start, count)
+                assert ends.dtype == np.int64 and kinds.dtype == np.uint8
+                assert ends.tolist() == [arr.end_offset(i) for i in range(start, start + count)], (start, count)
+                assert kinds.tolist() == [arr.item_kind(i) for i in range(start, start + count)], (start, count)
+        with pytest.raises(IndexOutOfRangeError):
+            arr.offset_fields(arr.head - 2, 3)
+        arr.remove_before_index(PER_PAGE + 1)
+        with pytest.raises(IndexOutOfRangeError):
+            arr.offset_fields(PER_PAGE, 2)
