@@ -122,8 +122,7 @@ def _pack_payload(payload: bytes, codec: int) -> bytes:
 def _pack_head(codec: int, crc: int, size: int) -> bytes:
     """A pack's fields before its payload's bytes (``crc``: zlib's unsigned crc32 of the
     payload, stored as Java's signed int; ``size``: the payload's length)."""
-    signed = crc - 0x1_0000_0000 if crc & 0x8000_0000 else crc
-    return _PACK_HEAD.pack(_T_BYTE, 1, MAGIC, _T_BYTE, 2, codec, _T_I32, 3, signed, _T_STRING, 4, size)
+    return _PACK_HEAD.pack(_T_BYTE, 1, MAGIC, _T_BYTE, 2, codec, _T_I32, 3, _signed(crc), _T_STRING, 4, size)
 
 
 def decode_pack(item: bytes) -> list[bytes]:
@@ -173,7 +172,11 @@ _Pack = tuple[int, int, int, bytes, int, int]
 
 
 def _signed_crc32(data: bytes | memoryview) -> int:
-    crc = zlib.crc32(data)
+    return _signed(zlib.crc32(data))
+
+
+def _signed(crc: int) -> int:
+    """zlib's unsigned crc32 as Java's signed int (what a pack stores)."""
     return crc - 0x1_0000_0000 if crc & 0x8000_0000 else crc
 
 

@@ -33,7 +33,8 @@ import numpy as np
 from idl.calls import ARGS_ITEM, ASYNC_PRODUCE_NAME, CALL, ONEWAY, PRODUCE_NAME, REPLY, TOPIC_FIELD
 
 _I32 = struct.Struct(">i")
-_REPLY_HEADER = _I32.pack(REPLY) + _I32.pack(7) + b"consume"
+_CONSUME = b"\x00\x00\x00\x07consume"  # the method name with its length
+_REPLY_HEADER = _I32.pack(REPLY) + _CONSUME
 _PRODUCE_REPLY_HEADER = _I32.pack(REPLY) + PRODUCE_NAME
 _T_STRUCT, _T_I32, _T_I64, _T_STRING, _T_LIST = 12, 8, 10, 11, 15
 _MAX_PARTS = 512  # buffers per reply from encode_consume_reply_parts (IOV_MAX is 1024)
@@ -322,7 +323,6 @@ def parse_produce_call(
     return oneway, seqid, item, topic
 
 
-_CONSUME = b"\x00\x00\x00\x07consume"
 #: ConsumeRequest's fields the fast parser knows: id -> (Thrift type, attribute).
 _CONSUME_FIELDS = {
     1: (_T_STRING, "topic"),
