@@ -757,42 +757,42 @@ class Agent:
         # calls per message), up to _DGRAM_GATHER_BYTES received.
         got: list[bytes] = []
         got_bytes = 0
+        batch: list[bytes] | None
         try:
             while not self._stopping:
                 try:
                     batch = receive()
                 except BlockingIOError:
-                    if got:
-                        accept_all(got)
-                        got = []
-                        got_bytes = 0
-                        continue  # more may have come meanwhile
-                    # Senders are held after net.unix.max_dgram_qlen datagrams, so the queue
-                    # is empty every few messages: handing each few to the router would wake
-                    # it (a context switch and a GIL hand-over) thousands of times a second.
-                    # Messages wait here at most _DGRAM_HANDOVER_S (or until 512 came).
-                    ready = None
-                    if intake.pending:
-                        now = time.monotonic()
-                        if not handover_at:
-                            handover_at = now + _DGRAM_HANDOVER_S
-                        if now < handover_at:
-                            ready = self._wait_readable(s, handover_at - now)
-                    if ready is None:
-                        intake.flush(idle=True)  # hand over what was read before sleeping
-                        handover_at = 0.0
-                        ready = self._wait_readable(s)
-                    if not ready:
-                        break
-                    continue
+                    batch = None  # the socket is empty: parse what was read, else wait
                 except OSError:
                     break
-                got += batch
-                got_bytes += sum(map(len, batch))
-                if got_bytes >= _DGRAM_GATHER_BYTES:
+                if batch:
+                    got += batch
+                    got_bytes += sum(map(len, batch))
+                    if got_bytes < _DGRAM_GATHER_BYTES:
+                        continue
+                if got:
                     accept_all(got)
                     got = []
                     got_bytes = 0
+                    continue  # read on: more may have come meanwhile
+                # Senders are held after net.unix.max_dgram_qlen datagrams, so the queue
+                # is empty every few messages: handing each few to the router would wake
+                # it (a context switch and a GIL hand-over) thousands of times a second.
+                # Messages wait here at most _DGRAM_HANDOVER_S (or until 512 came).
+                ready = None
+                if intake.pending:
+                    now = time.monotonic()
+                    if not handover_at:
+                        handover_at = now + _DGRAM_HANDOVER_S
+                    if now < handover_at:
+                        ready = self._wait_readable(s, handover_at - now)
+                if ready is None:
+                    intake.flush(idle=True)  # hand over what was read before sleeping
+                    handover_at = 0.0
+                    ready = self._wait_readable(s)
+                if not ready:
+                    break
             if got:
                 accept_all(got)
             if self._stopping:
