@@ -112,6 +112,10 @@ DEFAULT_CLIENTS = "1,4"
 QUICK_SIZES = "100,100000"
 #: async_produce stamps each item with (client, sequence number) in its first bytes.
 STAMP = struct.Struct(">II")
+#: From a client socket's TCP_INFO (struct tcp_info, linux/tcp.h; Linux 4.19+): data
+#: segments sent (u32 at 156), time with data in flight and time its sends waited for the
+#: receiver's window (u64 us at 168 and 176), bytes sent (u64 at 200).
+TCP_SEND_INFO = struct.Struct("=156xI8xQQ16xQ")
 DEFAULT_FETCH_BYTES = MIB
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_broker.json"
 #: Oneway calls sent between two reads of the clock.
@@ -194,6 +198,19 @@ def connect(host: str, port: int) -> tuple[Any, socket.socket]:
     if not sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return TClient(QueueService, protocol), sock
+
+
+def tcp_send_counts(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(data segments sent, bytes sent, us its sends waited for the receiver's window) of a
+    TCP socket, or None where TCP_INFO has no such fields (not Linux, or before 4.19)."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except (OSError, AttributeError):
+        return None
+    if len(raw) < TCP_SEND_INFO.size:
+        return None
+    segments, _, rwnd_limited_us, sent = TCP_SEND_INFO.unpack_from(raw)
+    return segments, sent, rwnd_limited_us
 
 
 def result_text(result: Any) -> str:
@@ -380,7 +397,7 @@ def client_main(spec: dict[str, Any], worker: int, barrier: Any, results: Any) -
     try:
         if spec["client_cpus"]:
             os.sched_setaffinity(0, spec["client_cpus"])
-        client, _ = connect(spec["host"], spec["port"])
+        client, sock = connect(spec["host"], spec["port"])
         topic = spec["topic"]
         workload = spec["workload"]
         warm_sent = 0
@@ -395,9 +412,11 @@ def client_main(spec: dict[str, Any], worker: int, barrier: Any, results: Any) -
         barrier.wait(BARRIER_TIMEOUT_S)
         cpu0 = time.process_time()
         broker0 = process_cpu_s(spec["broker_pid"])
+        tcp0 = tcp_send_counts(sock)
         t0 = time.perf_counter()
         calls, items, stopped = run_loop(step, spec["count"], spec["seconds"], latencies)
         t1 = time.perf_counter()
+        tcp1 = tcp_send_counts(sock)
         out = {
             "worker": worker,
             "topic": topic,
@@ -411,6 +430,7 @@ def client_main(spec: dict[str, Any], worker: int, barrier: Any, results: Any) -
             "broker_cpu0": broker0,
             "broker_cpu1": process_cpu_s(spec["broker_pid"]),
             "latencies": latencies.tobytes() if latencies is not None else b"",
+            "tcp_sent": [b - a for a, b in zip(tcp0, tcp1, strict=True)] if tcp0 and tcp1 else None,
         }
         if workload == "prefill":
             out["size_after"] = topic_size(client, topic)
@@ -439,6 +459,10 @@ class Result:
     p99_us: float | None = None
     broker_cpu: float | None = None  # broker CPU seconds / wall seconds (1.0 = one core busy)
     client_cpu: float | None = None  # all clients' CPU seconds / wall seconds
+    #: The clients' sockets while the clients ran: bytes per TCP segment sent, and the share
+    #: of that time their sends waited for the broker's receive window (see tcp_send_counts).
+    client_segment_bytes: float | None = None
+    client_window_limited: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     #: items/s of every repeat (--repeat); this Result is the median one.
     runs: list[float] = field(default_factory=list)
@@ -743,6 +767,11 @@ def summarize(
     first = min(reports, key=lambda r: r["t0"])
     last = max(reports, key=lambda r: r["t1"])
     broker_cpu = None
+    segment_bytes = window_limited = None
+    if all(r.get("tcp_sent") for r in reports):
+        segments, sent, waited_us = (sum(x) for x in zip(*(r["tcp_sent"] for r in reports), strict=True))
+        segment_bytes = sent / segments if segments else None
+        window_limited = waited_us / 1e6 / sum(r["t1"] - r["t0"] for r in reports)
     broker_end = broker_cpu_end if end is not None else last["broker_cpu1"]
     if first["broker_cpu0"] is not None and broker_end is not None and seconds > 0:
         broker_cpu = (broker_end - first["broker_cpu0"]) / seconds
@@ -760,6 +789,8 @@ def summarize(
         p99_us=percentile(lat, 0.99) / 1000 if lat else None,
         broker_cpu=broker_cpu,
         client_cpu=sum(r["cpu_s"] for r in reports) / seconds if seconds > 0 else None,
+        client_segment_bytes=segment_bytes,
+        client_window_limited=window_limited,
     )
 
 
@@ -1098,6 +1129,37 @@ def render_comparison(rows: list[dict[str, Any]], other: str, title: str) -> lis
     return lines
 
 
+def render_send_sockets(rows: list[dict[str, Any]], other: str) -> list[str]:
+    """For the async_produce cells of ``compare``'s rows: how the clients' sends left their
+    sockets with each broker (its best pass): bytes per TCP segment, share of the time waiting
+    for the broker's receive window."""
+    cells = [c for c in rows if c["workload"] == "async_produce"]
+    if not cells:
+        return []
+    head = (
+        f"{'size B':>7}{'cli':>4}{'ours B/segment':>16}{'window-bound':>14}"
+        f"{other + ' B/segment':>16}{'window-bound':>14}"
+    )
+    lines = [
+        "",
+        "asyncProduce, the clients' sockets (best pass of each side): bytes per TCP segment sent and the share of "
+        "the run their sends waited for the broker's receive window.",
+        "A broker that falls behind fills its window; the client's calls then leave in big segments, at less "
+        "client CPU per call (README, Benchmarks).",
+        head,
+        "-" * len(head),
+    ]
+    for c in cells:
+        row = f"{c['item_size']:>7}{c['clients']:>4}"
+        for side in ("ours", other):
+            best = max(c[f"{side}_runs"], key=lambda r: r["items_per_s"])
+            size, bound = best.get("client_segment_bytes"), best.get("client_window_limited")
+            row += f"{size:>16,.0f}" if size is not None else f"{'-':>16}"
+            row += f"{bound:>14.0%}" if bound is not None else f"{'-':>14}"
+        lines.append(row)
+    return lines
+
+
 def render(
     machine: dict[str, Any],
     config: dict[str, Any],
@@ -1163,6 +1225,7 @@ def render(
         )
         judged = [c for c in comparisons["java"] if c["reached"] is not None]
         lines.append(f"cells at their target: {sum(c['reached'] for c in judged)} of {len(judged)}")
+        lines += render_send_sockets(comparisons["java"], "java")
     else:
         lines += ["", "Java Luxun: no ratio was measured in this run (give --java PATH to the Java Luxun build)."]
     for side in FLOOR_SIDES:
