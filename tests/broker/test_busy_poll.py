@@ -104,6 +104,31 @@ def test_a_long_poll_is_answered_while_a_lone_producer_is_busy_polled(broker_fac
     consumer.close()
 
 
+def test_polls_follow_replies_up_to_256_kib_and_not_bigger_ones(broker_factory: Any, tmp_path: Path) -> None:
+    """A client taking one item of 100 KB per call decodes it in far less than a poll lasts:
+    its next call is polled for. After a reply of 256 KiB or more nothing is polled."""
+    broker = start(broker_factory, tmp_path, 1_000_000)
+    client = broker.client()
+    for item in (b"s" * 100_000, b"b" * 300_000):
+        assert client.produce(T.ProduceRequest(item=item, topic="t")).result.resultCode == 0
+    time.sleep(2 * QUIET_S)
+    n = 50
+    before = polls(broker)
+    for _ in range(n):
+        assert len(client.consume(T.ConsumeRequest(topic="t", startIndex=0)).itemList[0]) == 100_000
+    mid = polls(broker)
+    for _ in range(n):
+        assert len(client.consume(T.ConsumeRequest(topic="t", startIndex=1)).itemList[0]) == 300_000
+    after = polls(broker)
+    small_polls, small_hits = (a - b for a, b in zip(mid, before, strict=True))
+    # replies were followed by polls the next call ended (not all: after 2 ms of polls back
+    # to back the thread waits in recv once; the last poll ends with the second loop's first call)
+    assert small_hits >= n // 2, (small_polls, small_hits)
+    assert small_polls - small_hits <= 1, (small_polls, small_hits)
+    assert after[0] - mid[0] <= 1, (mid, after)  # only that poll
+    client.close()
+
+
 def test_zero_turns_busy_polling_off(broker_factory: Any, tmp_path: Path) -> None:
     broker = start(broker_factory, tmp_path, 0)
     client = broker.client()
