@@ -35,8 +35,8 @@ and polling would only take CPU from it (one of 100 KB is decoded well within a 
 While polling, the thread holds the interpreter between ``recv`` calls, so it stops as
 soon as another connection of either door receives bytes, and after 2 ms of polls back
 to back it waits in ``recv`` once, letting any other thread (a woken long poll, the
-maintenance) in. The cost: up to one core while
-a lone client calls back to back, nothing when idle.
+maintenance) in. The cost: up to one core while a lone client calls back to back,
+nothing when idle.
 
 Bounded input: a connection's receive buffer starts at 4 KiB and grows as bytes
 arrive (doubling, up to the frame being received), never to the size a header
@@ -144,9 +144,9 @@ _I32 = struct.Struct(">i")
 # connection polls ... only after it has been the only connection receiving for this long,
 _BUSY_POLL_QUIET_S = 0.05
 # ... and only after a reply smaller than this (a client decoding a big fetch, or one
-# sending oneway calls, is not waiting for an answer: polling would only take CPU from it).
-# 64 KiB until 2026-11-27; one-item consumes of 100 KB by a lone client, old/new ABBA x2:
-# 4.6-5.0 -> 7.0-7.4 k calls/s (means), broker CPU 0.48 -> 0.93,
+# sending oneway calls, is not waiting for an answer: polling would only take CPU from it;
+# one item of 100 KB is decoded well within a poll: with 64 KiB, until 2026-11-27, a lone
+# client's one-item consumes of 100 KB got 4.6-4.9 k calls/s, now 7.0-7.4 k; README),
 _BUSY_POLL_REPLY_MAX = 256 * 1024
 # ... and after polling this long back to back it waits in recv once (others get the GIL).
 _BUSY_POLL_RUN_S = 0.002
