@@ -113,9 +113,9 @@ QUICK_SIZES = "100,100000"
 #: async_produce stamps each item with (client, sequence number) in its first bytes.
 STAMP = struct.Struct(">II")
 #: From a client socket's TCP_INFO (struct tcp_info, linux/tcp.h; Linux 4.19+): data
-#: segments sent (u32 at 156), time with data in flight and time its sends waited for the
-#: receiver's window (u64 us at 168 and 176), bytes sent (u64 at 200).
-TCP_SEND_INFO = struct.Struct("=156xI8xQQ16xQ")
+#: segments sent (u32 at 156), time its sends waited for the receiver's window (u64 us at
+#: 176), bytes sent (u64 at 200).
+TCP_SEND_INFO = struct.Struct("=156xI16xQ16xQ")
 DEFAULT_FETCH_BYTES = MIB
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_broker.json"
 #: Oneway calls sent between two reads of the clock.
@@ -209,7 +209,7 @@ def tcp_send_counts(sock: socket.socket) -> tuple[int, int, int] | None:
         return None
     if len(raw) < TCP_SEND_INFO.size:
         return None
-    segments, _, rwnd_limited_us, sent = TCP_SEND_INFO.unpack_from(raw)
+    segments, rwnd_limited_us, sent = TCP_SEND_INFO.unpack_from(raw)
     return segments, sent, rwnd_limited_us
 
 
