@@ -199,8 +199,16 @@ _INDEX_PREFETCH_SLOT = fmt.INDEX_ITEMS_PER_PAGE // 2
 _POPULATE_AHEAD = 2 << 20
 _POPULATE_WITHIN_S = 1.0
 #: Batches whose items average this many bytes or more are written with pwritev
-#: (BigArray._write_through_file), smaller ones copied into the mapping.
+#: (BigArray._write_through_file), item by item ...
 _WRITE_THROUGH_FILE_MIN_ITEM = 2048
+#: ... those averaging this many or more joined first and written with one pwrite (the
+#: join is the copy the mapping's way makes too; pages the write fills are not zeroed
+#: first, which the populate job or the writer's faults did: in a broker taking 1 KB
+#: asyncProduce from 4 clients, 39 % of its CPU was that zeroing). Old/new alternately,
+#: 3 rounds: 1 client 104-114 -> 119-120 k items/s, 4 clients 213-222 -> 212-233 k with
+#: 3.2-3.4 -> 2.6-3.1 us of broker CPU per item. Smaller items stay in the mapping:
+#: 100 B joined and written lost in process (append_many 8.6-9.3 -> 7.6-8.1 M items/s).
+_WRITE_JOINED_MIN_ITEM = 512
 #: Single items (append) of this many bytes or more are written with pwrite too. Measured
 #: in a broker (sync produce, old/new alternately, 3 rounds): 100 KB 1 client 4.7-4.9 ->
 #: 6.7-6.9 k items/s, broker CPU 232-247 -> 143-150 us per item; 70 KB a smaller gain;
@@ -557,8 +565,9 @@ class BigArray:
         """Append items in order, atomically (all or none), and return the first index.
 
         One lock, one write per data page (items of 2 KiB or more on average go into
-        the page file with one ``pwritev``, smaller ones are joined and copied into the
-        mapping), index items written in one numpy pass.
+        the page file with one ``pwritev``, of 512 B or more joined and with one
+        ``pwrite``, smaller ones joined and copied into the mapping), index items
+        written in one numpy pass.
         Returns ``head`` unchanged when ``items`` is empty. ``counts``: how many records
         each item holds (ints >= 1, one per item; None: 1 each); ``kind``: the tag
         (0..255) of every item of the call (see :meth:`append`).
@@ -635,11 +644,11 @@ class BigArray:
         each copied into the mapping and its index item packed as ``append`` does, with
         no numpy (whose fixed cost, ~20 us a call, is that of 20-30 appends); head moves
         once, after the last. False, nothing written, when they do not fit that room or
-        average 2 KiB or more (those go into the file with ``pwritev``)."""
+        average 512 B or more (those go into the file, see _place_batch)."""
         off = self._data_off
         lengths = [len(item) for item in batch]
         total = sum(lengths)
-        if off + total > self._data_fast_end or total >= _WRITE_THROUGH_FILE_MIN_ITEM * len(batch):
+        if off + total > self._data_fast_end or total >= _WRITE_JOINED_MIN_ITEM * len(batch):
             return False
         mm, imm, page_no = self._data_mm, self._index_mm, self._data_page_no
         ts = _time_ns() // 1_000_000  # now_ms(), inlined (the armed room implies that clock)
@@ -728,7 +737,16 @@ class BigArray:
             if off + chunk > self._data_room:
                 page = self._room_for(chunk)  # reserves disk space for the whole chunk
             items = batch if (i == 0 and j == count) else batch[i:j]
-            if chunk < _WRITE_THROUGH_FILE_MIN_ITEM * (j - i) or not self._write_through_file(page, items, off, chunk):
+            if chunk >= _WRITE_THROUGH_FILE_MIN_ITEM * (j - i):
+                written = self._write_through_file(page, items, off, chunk)
+            elif chunk >= _WRITE_JOINED_MIN_ITEM * (j - i):
+                items = (b"".join(items),)  # (joining one bytes again below gives it back)
+                # not if some item's len() is not its size (a memoryview of wider elements):
+                # the mapping's copy refuses those, as before
+                written = len(items[0]) == chunk and self._write_through_file(page, items, off, chunk)
+            else:
+                written = False
+            if not written:
                 self._writes_file = False
                 page.mm[off : off + chunk] = b"".join(items)
             records["page"][i:j] = page.page_no
@@ -749,7 +767,8 @@ class BigArray:
         whole is never zeroed; the mapping sees the bytes at once (one page cache).
         Measured in process, 512 MB of 10 KB items in batches of 100: 76-106 k ->
         237-248 k items/s, CPU 0.6-0.9 -> 0.22 s. For small items the many buffers
-        cost more than they save (see _WRITE_THROUGH_FILE_MIN_ITEM).
+        cost more than they save (see _WRITE_THROUGH_FILE_MIN_ITEM): items of 512 B to
+        2 KiB come here joined, as one buffer (see _WRITE_JOINED_MIN_ITEM).
 
         A short write, or one that fails (``RLIMIT_FSIZE`` binds ``write`` and not a
         mapping), is finished through the mapping: the bytes are reserved on disk.

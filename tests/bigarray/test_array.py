@@ -126,6 +126,42 @@ def test_batches_of_big_items_go_into_the_page_files_whole(tmp_path, prefetch):
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
+def test_batches_of_mid_sized_items_are_joined_into_the_page_files(tmp_path, prefetch):
+    """Batches of items of 512 B to 2 KiB on average are joined and written with one
+    pwrite (the head page's file is then open for it), smaller ones go through the
+    mapping: every bytes-like kind, page rolls inside batches, read back at once and
+    after a reopen. A memoryview whose len() is not its size is refused as before,
+    nothing appended."""
+    import array as pyarray
+
+    rng = random.Random(7)
+    kinds = [bytes, bytearray, memoryview]
+    expected: list[bytes] = [b"s" * 100] * 10
+    with open_array(tmp_path / "a", data_page_size=1 << 20, prefetch=prefetch) as arr:
+        arr.append_many(expected)  # 100 B: through the mapping
+        assert arr._write_fd < 0
+        for k in range(6):  # ~7 MB in 1 MiB pages
+            batch = [os.urandom(rng.randrange(512, 2048)) for _ in range(900)]
+            assert arr.append_many([kinds[(k + i) % 3](item) for i, item in enumerate(batch)]) == len(expected)
+            assert arr._write_fd >= 0  # written through the file
+            expected += batch
+            pair = [b"m" * 600, bytearray(b"n" * 700)]  # a small batch of them: the file too
+            assert arr.append_many(pair) == len(expected)
+            expected += [bytes(x) for x in pair]
+            assert arr.read_range(len(expected) - 902, max_bytes=1 << 40) == expected[-902:]
+        wide = memoryview(pyarray.array("i", [7] * 600))  # len 600, 2400 bytes
+        with pytest.raises(IndexError):
+            arr.append_many([wide, wide])
+        assert arr.head == len(expected)
+        assert arr.read_range(0, max_bytes=1 << 40) == expected
+    assert len(page_files(tmp_path / "a" / "data")) >= 6
+    with open_array(tmp_path / "a", data_page_size=1 << 20) as arr:
+        assert arr.read_range(0, max_bytes=1 << 40) == expected
+        assert arr.append_many([b"z" * 1000] * 3) == len(expected)  # on after a reopen
+        assert arr.read_range(len(expected)) == [b"z" * 1000] * 3
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
 def test_single_big_items_go_into_the_page_files(tmp_path, prefetch):
     """An append of an item of 64 KiB or more writes it with pwrite (the head page's file
     is then open for it): every bytes-like kind, page rolls, small appends and batches
