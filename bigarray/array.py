@@ -205,9 +205,11 @@ _WRITE_THROUGH_FILE_MIN_ITEM = 2048
 #: join is the copy the mapping's way makes too; pages the write fills are not zeroed
 #: first, which the populate job or the writer's faults did: in a broker taking 1 KB
 #: asyncProduce from 4 clients, 39 % of its CPU was that zeroing). Old/new alternately,
-#: 3 rounds: 1 client 104-114 -> 119-120 k items/s, 4 clients 213-222 -> 212-233 k with
-#: 3.2-3.4 -> 2.6-3.1 us of broker CPU per item. Smaller items stay in the mapping:
-#: 100 B joined and written lost in process (append_many 8.6-9.3 -> 7.6-8.1 M items/s).
+#: 3 rounds: 1 client 113-120 -> 121-128 k items/s, 4 clients 198-224 -> 196-240 k with
+#: 3.2-3.9 -> 2.5-3.3 us of broker CPU per item. Smaller items stay in the mapping
+#: (100 B joined and written lost in process: append_many 8.6-9.3 -> 7.6-8.1 M items/s),
+#: and so do batches that append's inlined path takes (_append_small_batch: a few items,
+#: where numpy's fixed cost would be more than the zeroing saved).
 _WRITE_JOINED_MIN_ITEM = 512
 #: Single items (append) of this many bytes or more are written with pwrite too. Measured
 #: in a broker (sync produce, old/new alternately, 3 rounds): 100 KB 1 client 4.7-4.9 ->
@@ -644,11 +646,11 @@ class BigArray:
         each copied into the mapping and its index item packed as ``append`` does, with
         no numpy (whose fixed cost, ~20 us a call, is that of 20-30 appends); head moves
         once, after the last. False, nothing written, when they do not fit that room or
-        average 512 B or more (those go into the file, see _place_batch)."""
+        average 2 KiB or more (those go into the file with ``pwritev``)."""
         off = self._data_off
         lengths = [len(item) for item in batch]
         total = sum(lengths)
-        if off + total > self._data_fast_end or total >= _WRITE_JOINED_MIN_ITEM * len(batch):
+        if off + total > self._data_fast_end or total >= _WRITE_THROUGH_FILE_MIN_ITEM * len(batch):
             return False
         mm, imm, page_no = self._data_mm, self._index_mm, self._data_page_no
         ts = _time_ns() // 1_000_000  # now_ms(), inlined (the armed room implies that clock)

@@ -128,10 +128,10 @@ def test_batches_of_big_items_go_into_the_page_files_whole(tmp_path, prefetch):
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_batches_of_mid_sized_items_are_joined_into_the_page_files(tmp_path, prefetch):
     """Batches of items of 512 B to 2 KiB on average are joined and written with one
-    pwrite (the head page's file is then open for it), smaller ones go through the
-    mapping: every bytes-like kind, page rolls inside batches, read back at once and
-    after a reopen. A memoryview whose len() is not its size is refused as before,
-    nothing appended."""
+    pwrite (the head page's file is then open for it), smaller ones, and small batches
+    that append's path takes, go through the mapping: every bytes-like kind, page rolls
+    inside batches, read back at once and after a reopen. A memoryview whose len() is
+    not its size is refused as before, nothing appended."""
     import array as pyarray
 
     rng = random.Random(7)
@@ -145,7 +145,7 @@ def test_batches_of_mid_sized_items_are_joined_into_the_page_files(tmp_path, pre
             assert arr.append_many([kinds[(k + i) % 3](item) for i, item in enumerate(batch)]) == len(expected)
             assert arr._write_fd >= 0  # written through the file
             expected += batch
-            pair = [b"m" * 600, bytearray(b"n" * 700)]  # a small batch of them: the file too
+            pair = [b"m" * 600, bytearray(b"n" * 700)]  # a small batch: through the mapping (as append)
             assert arr.append_many(pair) == len(expected)
             expected += [bytes(x) for x in pair]
             assert arr.read_range(len(expected) - 902, max_bytes=1 << 40) == expected[-902:]
