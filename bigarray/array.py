@@ -742,10 +742,10 @@ class BigArray:
             if chunk >= _WRITE_THROUGH_FILE_MIN_ITEM * (j - i):
                 written = self._write_through_file(page, items, off, chunk)
             elif chunk >= _WRITE_JOINED_MIN_ITEM * (j - i):
-                items = (b"".join(items),)  # (joining one bytes again below gives it back)
+                joined = b"".join(items)
                 # not if some item's len() is not its size (a memoryview of wider elements):
-                # the mapping's copy refuses those, as before
-                written = len(items[0]) == chunk and self._write_through_file(page, items, off, chunk)
+                # the mapping's copy below refuses those, as before
+                written = len(joined) == chunk and self._write_through_file(page, (joined,), off, chunk)
             else:
                 written = False
             if not written:
