@@ -386,7 +386,7 @@ def test_rss_stays_within_the_pool_when_it_fills_with_small_then_large_messages(
     assert a.stop() == 0
 
 
-def test_sigterm_delivers_what_is_buffered_then_discards_past_the_delay(brokers: Any, agents: Agents) -> None:
+def test_sigint_and_sigterm_deliver_what_is_buffered_then_discard_past_the_delay(brokers: Any, agents: Agents) -> None:
     (b,) = brokers(1)
     slow = """<doryConfig><batching><namedConfigs><config name="slow"><time value="60000" />
       <messages value="disable" /><bytes value="disable" /></config></namedConfigs>
@@ -397,7 +397,7 @@ def test_sigterm_delivers_what_is_buffered_then_discards_past_the_delay(brokers:
     a.wait(lambda: a.get("/queues/json")["sending"] == [{"topic": "late", "batch": 100, "send_wait": 0,
                                                          "ack_wait": 0}], message="batched")  # fmt: skip
     assert "100 total batch" in a.get("/queues/plain")
-    assert a.stop() == 0
+    assert a.stop(signal.SIGINT) == 0  # Ctrl-C stops it as SIGTERM does
     assert read_topic(b, "late") == [b"%d" % i for i in range(100)]
     assert a.summary()["delivered"] == 100
 
