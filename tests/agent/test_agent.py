@@ -18,7 +18,7 @@ from clients.messages import GZIP, NO_COMPRESSION, pack_codec
 from clients.pack import decode_pack
 
 from ._dory import DoryLib, to_dory
-from .conftest import AgentProcess, address, read_topic
+from .conftest import AgentProcess, BrokerProcess, address, read_topic
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -261,6 +261,32 @@ def test_a_broker_killed_and_restarted_loses_nothing_the_agent_held(brokers: Any
     assert set(got) == {b"%d" % i for i in range(sent)}  # a resend after a lost answer may duplicate
     assert len(got) >= sent
     assert a.stop() == 0
+
+
+def test_a_pack_the_broker_refuses_is_counted_and_the_agent_goes_on(tmp_path: Path, agents: Agents) -> None:
+    """A broker whose max.message.size is below the agent's packs refuses them (an answer,
+    not a lost connection): the agent counts their messages as too large, once, and
+    delivers the packs the broker takes."""
+    props = tmp_path / "server.properties"
+    props.write_text("max.message.size=4096\n")
+    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", "--config", str(props)).start()
+    try:
+        one_batch = """<doryConfig><batching><namedConfigs><config name="b"><time value="300" />
+          <messages value="disable" /><bytes value="disable" /></config></namedConfigs>
+          <defaultTopic action="perTopic" config="b" /></batching></doryConfig>"""
+        a = agents([address(b)], config=one_batch)
+        dgram_send(a.dgram, [encode(b"big", b"%04d" % i + b"x" * 96) for i in range(200)])  # 20 KB in 300 ms
+        a.wait(lambda: sum(a.discards().values()) + a.counters().get("MsgDelivered", 0) == 200, message="settled")
+        assert a.discards()["too_large"] > 0
+        assert len(read_topic(b, "big")) + a.discards()["too_large"] == 200
+        assert "refused" in a.log()
+        dgram_send(a.dgram, [encode(b"small", b"alone")])  # a pack under the limit still goes
+        a.wait(lambda: read_topic(b, "small") == [b"alone"], message="the small pack delivered")
+        assert a.counters()["MsgDelivered"] + a.discards()["too_large"] == 201
+        assert sum(a.discards().values()) == a.discards()["too_large"]
+        assert a.stop() == 0
+    finally:
+        b.stop()
 
 
 def test_a_full_pool_discards_no_memory_and_counts_add_up(brokers: Any, agents: Agents) -> None:
