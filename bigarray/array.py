@@ -124,6 +124,18 @@ def _slice_run(
     out.extend([blob[x:y] for x, y in zip(starts.tolist(), (starts + lengths).tolist(), strict=True)])
 
 
+def _page_spans(pages: np.ndarray[Any, Any]) -> list[tuple[int, int]]:
+    """The runs of equal values in ``pages`` (the data pages of consecutive index items):
+    (start, end) of each, in order; none for no items."""
+    n = len(pages)
+    if n == 0:
+        return []
+    if pages[0] == pages[-1]:  # pages only grow along the index: all on one page
+        return [(0, n)]
+    cuts = (np.flatnonzero(pages[1:] != pages[:-1]) + 1).tolist()
+    return list(zip([0, *cuts], [*cuts, n], strict=True))
+
+
 def _no_page() -> MappedPage:
     """A stand-in for "no page yet" in the readers' last-page slots: its number matches
     no index or data page and its (closed) mapping raises ValueError when used."""
@@ -1319,11 +1331,7 @@ class BigArray:
         mapping with a Python step between them is slower (324 against 240 ns per 1 KB
         item: the bulk copy streams, the slices then come from the cache).
         """
-        n = len(pages)
-        if n == 0:
-            return
-        cuts = (np.flatnonzero(pages[1:] != pages[:-1]) + 1).tolist() if pages[0] != pages[-1] else []
-        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+        for a, b in _page_spans(pages):
             dpage = self._data.acquire(int(pages[a]))  # FileNotFoundError: see _reading
             try:
                 _slice_run(dpage.mm, offsets[a:b], lengths[a:b], self.data_page_size, out)
@@ -1352,11 +1360,7 @@ class BigArray:
     ) -> Iterator[tuple[bytes, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
         """Per run of items on one data page: (the bytes from the run's first item to
         the end of its last, each item's start within them, the items' lengths)."""
-        n = len(pages)
-        if n == 0:
-            return
-        cuts = (np.flatnonzero(pages[1:] != pages[:-1]) + 1).tolist() if pages[0] != pages[-1] else []
-        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+        for a, b in _page_spans(pages):
             first_off = int(offsets[a])
             end_off = int(offsets[b - 1] + lengths[b - 1])
             dpage = self._data.acquire(int(pages[a]))  # FileNotFoundError: see _reading
