@@ -7,9 +7,10 @@ A program, not a test::
     .venv/bin/python perf/bench_agent.py --seconds 2 --clients 2 --sizes 100
     .venv/bin/python perf/bench_agent.py --help
 
-It starts its own broker (``python -m luxun.cli serve``, temporary data dir) and one agent
-(``python -m luxun.cli agent`` with all three inputs and its status port), both on
-127.0.0.1. For each transport (UNIX datagram, UNIX stream, TCP) and message size,
+It starts its own brokers (``--brokers``, default 1: ``python -m luxun.cli serve``, each with a
+temporary data dir) and one agent (``python -m luxun.cli agent`` with all three inputs, its
+status port and a ``--broker`` for each broker: AnyPartition messages are spread over them),
+all on 127.0.0.1. For each transport (UNIX datagram, UNIX stream, TCP) and message size,
 ``--clients`` processes send pre-built Dory messages (AnyPartition, the shape ``to_dory``
 and Dory's C library write) with plain ``socket`` calls, as fast as they can, for
 ``--seconds``, to a fresh topic. Measured:
@@ -27,7 +28,7 @@ and Dory's C library write) with plain ``socket`` calls, as fast as they can, fo
   against its pool (``--max-buffer``): "bounded" means peak <= idle RSS + pool + 5 %.
 
 Peer in the same run: the same number of processes calling ``Producer.send`` (sync,
-batches of 1000, linger 5 ms) straight to the broker for the same time, then ``flush``.
+batches of 1000, linger 5 ms) straight to the brokers for the same time, then ``flush``.
 Floor of the datagram input in the same run (``reader/dgram``): the same clients sending
 to a process that only drains its socket as the agent does (``recvmmsg``, 16 at a time)
 and counts, with no parsing, batching or broker: what the kernel lets one Python reader
@@ -166,13 +167,14 @@ def floor_reader(path: str, ready: Any, stop: Any, results: Any) -> None:
 
 # -- the agent -------------------------------------------------------------------------------
 class Agent:
-    def __init__(self, broker: str, max_buffer: str, nice: int = 0) -> None:
+    def __init__(self, brokers: list[str], max_buffer: str, nice: int = 0) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="bench-agent-"))
         self.dgram = str(self.dir / "dg")
         self.stream = str(self.dir / "st")
         self.status_port = free_port()
         self.log = self.dir / "agent.log"
-        cmd = [sys.executable, "-m", "luxun.cli", "agent", "--broker", broker, "--dgram", self.dgram, "--stream",
+        cmd = [sys.executable, "-m", "luxun.cli", "agent", *(a for b in brokers for a in ("--broker", b)),
+               "--dgram", self.dgram, "--stream",
                self.stream, "--tcp-port", "0", "--status-port", str(self.status_port), "--max-buffer", max_buffer,
                "--log-level", "WARNING"]  # fmt: skip
         if nice:
@@ -213,6 +215,10 @@ class Agent:
             tick = os.sysconf("SC_CLK_TCK")
             return int(fields[11]) / tick, int(fields[12]) / tick
         return 0.0, 0.0
+
+    def packs_per_broker(self) -> list[int]:
+        """Packs each broker acknowledged so far, in the order of ``--broker``."""
+        return [int(b["produce_ok"]) for b in self.get("/server_info/json")["brokers"]]
 
     def context_switches(self) -> int:
         """Context switches (voluntary + not) of all the agent's threads so far."""
@@ -267,6 +273,7 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
     sampler.start()
     cpu0 = agent.cpu_s()
     switches0 = agent.context_switches()
+    packs0 = agent.packs_per_broker()
     spec = {"transport": transport, "size": size, "topic": topic, "dgram": agent.dgram, "stream": agent.stream,
             "tcp_port": agent.tcp_port, "seconds": args.seconds, "max_messages": args.max_messages}  # fmt: skip
     reports = run_clients(agent_client, [spec] * args.clients, args.seconds + 60)
@@ -285,6 +292,7 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
     cpu1 = agent.cpu_s()
     agent_user, agent_sys = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
     switches = agent.context_switches() - switches0
+    packs = [n - n0 for n, n0 in zip(agent.packs_per_broker(), packs0, strict=True)]
     stop.set()
     sampler.join()
     send_s = max(r["t1"] for r in reports) - t0
@@ -305,13 +313,14 @@ def measure_agent(agent: Agent, transport: str, size: int, args: argparse.Namesp
         "agent_cpu_us_per_msg": round(1e6 * (agent_user + agent_sys) / max(1, sent), 2),
         "agent_sys_us_per_msg": round(1e6 * agent_sys / max(1, sent), 2),
         "agent_context_switches_per_1k_msgs": round(1000 * switches / max(1, sent), 1),
+        "packs_per_broker": packs,
         "complete": delivered + discarded >= sent,
     }
 
 
 #: The agent's columns of a row that measured no agent.
 NO_AGENT = {"agent_peak_rss_mib": None, "agent_cpu_us_per_msg": None, "agent_sys_us_per_msg": None,
-            "agent_context_switches_per_1k_msgs": None}  # fmt: skip
+            "agent_context_switches_per_1k_msgs": None, "packs_per_broker": None}  # fmt: skip
 
 
 def measure_floor(size: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -380,16 +389,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seconds", type=float, default=3.0, help="sending time per configuration (default 3)")
     p.add_argument("--clients", type=int, default=2, help="client processes (default 2)")
+    p.add_argument("--brokers", type=int, default=1, help="brokers the agent (and the peer) send to (default 1)")
     p.add_argument("--sizes", default="100,1000", help="message sizes in bytes (default 100,1000)")
     p.add_argument("--transports", default="dgram,stream,tcp", help="default dgram,stream,tcp")
     p.add_argument("--max-messages", type=int, default=2_000_000, help="per client at most (default 2000000)")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="wait for delivery at most (default 30)")
     p.add_argument("--max-buffer", default="64m", help="the agent's pool (default 64m)")
     p.add_argument("--no-peer", action="store_true", help="skip the Producer-direct peer and the datagram floor")
-    p.add_argument("--agent-nice", type=int, default=0,
-                   help="start the agent under nice -n N (a negative N needs root; default 0: as is)")
+    p.add_argument(
+        "--agent-nice",
+        type=int,
+        default=0,
+        help="start the agent under nice -n N (a negative N needs root; default 0: as is)",
+    )
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.clients < 1 or args.brokers < 1:
+        p.error("--clients and --brokers must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,15 +420,17 @@ def main(argv: list[str] | None = None) -> int:
         qlen = "unknown"
     print(f"machine: {machine['cpu']}, {machine['cores']} cores ({machine['cores_usable']} usable), "
           f"{machine['ram_gib']} GiB, {machine['os']}, Python {machine['python']}, "
-          f"load {machine['load_average_start']}, net.unix.max_dgram_qlen={qlen}")  # fmt: skip
+          f"load {machine['load_average_start']}, net.unix.max_dgram_qlen={qlen}; "
+          f"{args.clients} client process(es), {args.brokers} broker(s)")  # fmt: skip
     rows: list[dict[str, Any]] = []
     run_id = str(os.getpid())
     started = time.monotonic()
     pool_bytes = int(args.max_buffer[:-1]) * (2**20 if args.max_buffer.endswith("m") else 1024) \
         if args.max_buffer[-1] in "km" else int(args.max_buffer)  # fmt: skip
-    with own_broker(None, "bench_agent") as broker:
-        address = f"{broker.host}:{broker.port}"
-        agent = Agent(address, args.max_buffer, args.agent_nice)
+    with contextlib.ExitStack() as brokers:
+        addresses = [f"{b.host}:{b.port}" for b in
+                     (brokers.enter_context(own_broker(None, "bench_agent")) for _ in range(args.brokers))]  # fmt: skip
+        agent = Agent(addresses, args.max_buffer, args.agent_nice)
         idle_rss = agent.rss_bytes()
         try:
             for size in sizes:
@@ -422,12 +441,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {row['path']:<16} {size:>5} B: {rate} msgs/s end to end, "
                           f"client {row['client_cpu_us_per_msg']} us cpu/msg, agent {row['agent_cpu_us_per_msg']} us "
                           f"cpu/msg ({row['agent_sys_us_per_msg']} system), "
-                          f"{row['agent_context_switches_per_1k_msgs']} context switches per 1000 msgs",
+                          f"{row['agent_context_switches_per_1k_msgs']} context switches per 1000 msgs"
+                          + (f", packs per broker {row['packs_per_broker']}" if args.brokers > 1 else ""),
                           file=sys.stderr)  # fmt: skip
                 if not args.no_peer:
                     if "dgram" in transports:
                         rows.append(measure_floor(size, args))
-                    rows.append(measure_producer(address, size, args, run_id))
+                    rows.append(measure_producer(",".join(addresses), size, args, run_id))
         finally:
             stopped = agent.stop()
     print()
