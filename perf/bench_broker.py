@@ -18,10 +18,12 @@ Java broker too, in the same run: per item size, the brokers take turns in ABBA 
 (ours, Java, Java, ours; ``--rounds`` repeats it), each started fresh on a new data dir
 and warmed up, with the same client code and the same workloads. Each side's figure for a
 cell is the best of its passes; the table shows ours, Java's and the ratio (ours / Java),
-the JSON every run of both. ``--floor`` adds the floor of a sync call: the same client, in
-the one-item-per-call workloads (produce, group_single, index_single), against servers with
-an empty handler that answer canned replies (a raw socket thread per connection, and
-thriftpy2's threaded server), in the same turns.
+the JSON every run of both. ``--floor`` adds the floor of a call: the same client, in the
+one-item-per-call workloads (produce, group_single, index_single) and in async_produce,
+against servers with an empty handler that answer canned replies (a raw socket thread per
+connection, and thriftpy2's threaded server) and only count oneway calls, in the same
+turns. With ``--java`` too, each floor's own ratio to Java is shown: a cell whose floor is
+under issue 10's target is one that a server doing nothing, the same way, does not reach.
 
 Workloads, per item size (``--sizes``) and per number of client processes
 (``--clients``; every client is its own process with its own connection):
@@ -161,15 +163,17 @@ BUDGETS: dict[str, tuple[float, float]] = {
 
 #: The brokers compared: ours, the Java Luxun build (--java), the empty-handler floors (--floor).
 FLOOR_SIDES = ("floor-raw", "floor-thriftpy2")
-#: The workloads run against the floors: one item per sync call (floor_responses: their replies).
-FLOOR_WORKLOADS = ("produce", "group_single", "index_single")
+#: The workloads run against the floors: one item per sync call (floor_responses: their replies),
+#: and oneway asyncProduce (the floor counts the calls it read per topic; getSize answers that count).
+FLOOR_WORKLOADS = ("produce", "async_produce", "group_single", "index_single")
 SIDE_TEXT = {
     "ours": "luxun (python -m luxun.cli serve)",
     "java": "Java Luxun 0.6.2 (com.leansoft.luxun.Luxun, thrift TNonblockingServer)",
     "floor-raw": "floor: a Python socket thread per connection that answers each call frame with the canned "
-    "reply of its method, the call's seqid copied in (reads type, name and seqid; no other decoding, no handler)",
+    "reply of its method, the call's seqid copied in (reads type, name and seqid; no other decoding, no handler); "
+    "oneway calls are only counted, under the topic of the connection's first one; getSize answers that count",
     "floor-thriftpy2": "floor: thriftpy2 TThreadedServer (Cython binary protocol, framed, TCP_NODELAY) whose "
-    "handler returns a constant response per method",
+    "handler returns a constant response per method; asyncProduce only counts per topic, getSize answers that count",
 }
 #: Issue 10's targets, ours / Java per cell: 1 connection >= 1.2x, 4 clients >= 1.5x.
 RATIO_TARGETS = {1: 1.2, 4: 1.5}
@@ -530,7 +534,8 @@ def floor_responses(item_size: int, topic_items: int) -> dict[str, Any]:
     with one item of ``item_size`` zero bytes and lastConsumedIndex 0 (an index loop then goes
     on at 1, a group loop counts one item); ``getSize`` ``topic_items`` (the prefill count, so a
     consume run sees the topic it would see on a broker); ``findClosestIndexByTime`` index 0
-    (the tail); ``deleteTopic`` SUCCESS. asyncProduce (oneway) gets no reply."""
+    (the tail); ``deleteTopic`` SUCCESS. asyncProduce (oneway) gets no reply: the floors count
+    those calls per topic, and getSize of such a topic answers the count (:class:`OnewayCounts`)."""
     ok = T.Result(resultCode=SUCCESS)
     return {
         "produce": T.ProduceResponse(result=ok, index=0),
@@ -580,27 +585,73 @@ def unknown_method_reply(name: bytes) -> SplitReply:
     return split_at_seqid(thrift_frame(text, TMessageType.EXCEPTION, error))
 
 
-def serve_raw_connection(conn: socket.socket, replies: dict[bytes, SplitReply]) -> None:
+def call_args(frame: bytes | bytearray, name: str) -> Any:
+    """The ``<name>_args`` struct of one call ``frame`` (without its length), decoded by thriftpy2."""
+    proto = TCyBinaryProtocolFactory().get_protocol(TCyMemoryBuffer(bytes(frame)))
+    proto.read_message_begin()
+    args = getattr(QueueService, name + "_args")()
+    args.read(proto)
+    return args
+
+
+class OnewayCounts:
+    """The floors' only state: oneway asyncProduce calls read, per topic, so that the bench's
+    getSize sees them arrive (a floor stores nothing). Topics never produced to answer
+    ``topic_items`` (a consume run's prefill count)."""
+
+    def __init__(self, topic_items: int) -> None:
+        self.topic_items = topic_items
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, topic: str, n: int) -> None:
+        with self._lock:
+            self._counts[topic] = self._counts.get(topic, 0) + n
+
+    def size(self, topic: str) -> int:
+        with self._lock:
+            return self._counts.get(topic, self.topic_items)
+
+
+def raw_get_size_reply(frame: bytes | bytearray, counts: OnewayCounts) -> SplitReply:
+    """floor-raw's reply to a getSize call ``frame`` (the bench's monitor; rare): ``counts``' size."""
+    topic = call_args(frame, "getSize").getSizeRequest.topic
+    response = T.GetSizeResponse(result=T.Result(resultCode=SUCCESS), size=counts.size(topic))
+    return split_at_seqid(thrift_frame("getSize", TMessageType.REPLY, QueueService.getSize_result(success=response)))
+
+
+def serve_raw_connection(conn: socket.socket, replies: dict[bytes, SplitReply], counts: OnewayCounts) -> None:
     """Answer every complete call frame on ``conn`` with the canned reply of its method, the
-    call's seqid copied into it (oneway frames get none). Read of a frame: the message type,
-    the method name and the seqid, nothing else."""
+    call's seqid copied into it. Read of a frame: the message type, the method name and the
+    seqid, nothing else; but oneway frames get no reply and are counted, under the topic of
+    the connection's first oneway call (decoded once), and getSize answers from ``counts``."""
     buf = bytearray()
+    topic: str | None = None
     with conn:
         while data := conn.recv(1 << 20):
             buf += data
-            pos = 0
+            pos = oneway = 0
             out: list[bytes | bytearray] = []
             while len(buf) - pos >= 8:
                 n = int.from_bytes(buf[pos : pos + 4], "big")
                 if len(buf) - pos - 4 < n:
                     break
-                if buf[pos + 7] != TMessageType.ONEWAY:  # strict binary protocol: i32 version | type
+                if buf[pos + 7] == TMessageType.ONEWAY:  # strict binary protocol: i32 version | type
+                    if topic is None:
+                        topic = call_args(buf[pos + 4 : pos + 4 + n], "asyncProduce").produceRequest.topic
+                    oneway += 1
+                else:
                     at = pos + 12 + int.from_bytes(buf[pos + 8 : pos + 12], "big")  # i32 name length, name
                     name = bytes(buf[pos + 12 : at])
-                    head, tail = replies.get(name) or unknown_method_reply(name)
+                    if name == b"getSize":
+                        head, tail = raw_get_size_reply(buf[pos + 4 : pos + 4 + n], counts)
+                    else:
+                        head, tail = replies.get(name) or unknown_method_reply(name)
                     out += (head, buf[at : at + 4], tail)  # the reply's seqid = the call's
                 pos += 4 + n
             del buf[:pos]
+            if oneway and topic is not None:
+                counts.add(topic, oneway)
             if out:
                 conn.sendall(b"".join(out))
 
@@ -625,14 +676,18 @@ def floor_main(kind: str, port: int, cpus: list[int] | None, item_size: int, top
     if cpus:
         os.sched_setaffinity(0, cpus)
     responses = floor_responses(item_size, topic_items)
+    counts = OnewayCounts(topic_items)
     if kind == "floor-raw":
         replies = canned_replies(responses)
         with socket.create_server(("127.0.0.1", port)) as srv:
             while True:
                 conn, _ = srv.accept()
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                threading.Thread(target=serve_raw_connection, args=(conn, replies), daemon=True).start()
-    handler = SimpleNamespace(asyncProduce=constant(None), **{name: constant(r) for name, r in responses.items()})
+                threading.Thread(target=serve_raw_connection, args=(conn, replies, counts), daemon=True).start()
+    ok = T.Result(resultCode=SUCCESS)
+    handler = SimpleNamespace(**{name: constant(r) for name, r in responses.items()})
+    handler.asyncProduce = lambda request: counts.add(request.topic, 1)
+    handler.getSize = lambda request: T.GetSizeResponse(result=ok, size=counts.size(request.topic))
 
     from thriftpy2.server import TThreadedServer
 
@@ -856,7 +911,8 @@ def run_write(ctx: Context, workload: str, size: int, clients: int, item: bytes,
         if workload != "async_produce":
             return summarize(workload, size, clients, ctx, reports)
         # Every item sent; now wait (bounded) until getSize shows them all.
-        expected = dict.fromkeys(topics, 1)  # the item that created the topic
+        floor = ctx.side in FLOOR_SIDES  # counts the oneway calls it read; stores nothing
+        expected = dict.fromkeys(topics, 0 if floor else 1)  # 1: the item that created the topic
         for r in reports:
             expected[r["topic"]] += r["warmup_items"] + r["items"]
         sent_end = max(r["t1"] for r in reports)
@@ -876,7 +932,11 @@ def run_write(ctx: Context, workload: str, size: int, clients: int, item: bytes,
         if stopped:
             result.stopped_by = stopped
         t = time.perf_counter()
-        check = check_async(ctx, reports, item)
+        if floor:  # nothing to read back: the timed calls count if every call arrived
+            timed = sum(r["items"] for r in reports)
+            check = {"checked_items": 0 if arrived_missing else timed, "bad_items": 0, "missing_items": arrived_missing}
+        else:
+            check = check_async(ctx, reports, item)
         # Only the timed items that arrived, in order and intact, count.
         result.items = result.calls = check["checked_items"]
         if check["bad_items"] or check["missing_items"]:
@@ -1112,14 +1172,20 @@ def cell_order(cell: Cell) -> tuple[int, int, int]:
 
 
 def render_comparison(rows: list[dict[str, Any]], other: str, title: str) -> list[str]:
-    """The table of ``compare``'s rows: ours, the other side's, the ratio and each pass pair's."""
+    """The table of ``compare``'s rows: ours, the other side's, the ratio and each pass pair's;
+    for a floor measured with Java, the floor's own ratio to Java against issue 10's target."""
+    floor_vs_java = any("floor_over_java" in c for c in rows)
     head = (
         f"{'workload':<14}{'size B':>7}{'cli':>4}{'ours items/s':>14}{other + ' items/s':>24}{'ratio':>7}"
-        f"  {'pass pairs':<17}{'target'}"
+        f"  {'pass pairs':<17}" + ("floor / Java (target)" if floor_vs_java else "target")
     )
     lines = ["", title, head, "-" * len(head)]
     for c in rows:
         mark = "" if c["goal"] is None else f">={c['goal']}x " + ("ok" if c["reached"] else "MISS")
+        if c.get("floor_over_java") is not None:
+            goal = RATIO_TARGETS.get(c["clients"], 0.0)
+            verdict = "floor above" if c["floor_over_java"] >= goal else "FLOOR UNDER"
+            mark = f"{c['floor_over_java']:.2f} (>={goal}x: {verdict})"
         ratio = f"{c['ratio']:.2f}" if c["ratio"] is not None else "-"
         lines.append(
             f"{c['workload']:<14}{c['item_size']:>7}{c['clients']:>4}{fmt_rate(c['ours_items_per_s']):>14}"
@@ -1234,7 +1300,7 @@ def render(
             lines += render_comparison(
                 comparisons[side],
                 side,
-                f"ours against the {side} (one item per sync call: {measured}; canned replies; "
+                f"ours against the {side} ({measured}; canned replies, oneway calls counted; "
                 "ratio = ours / floor: the share of the floor we reach)",
             )
     lines += [
@@ -1272,7 +1338,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--floor",
         action="store_true",
         help="also run " + ", ".join(FLOOR_WORKLOADS) + " against servers with an empty handler\n"
-        "that answer canned replies (raw socket, thriftpy2)",
+        "that answer canned replies and count oneway calls (raw socket, thriftpy2);\n"
+        "with --java, each floor's ratio to Java is shown",
     )
     p.add_argument("--rounds", type=int, help="ABBA turns per item size with --java/--floor (default 1)")
     p.add_argument(
@@ -1432,6 +1499,12 @@ def main(argv: list[str] | None = None) -> int:
     results = list(best_runs(runs, "ours").values())
     goals = targets(results)
     comparisons = {side: compare(runs, side) for side in sides[1:]}
+    java_best = best_runs(runs, "java")
+    for side in FLOOR_SIDES:
+        for row in comparisons.get(side, []):
+            java = java_best.get((row["workload"], row["item_size"], row["clients"]))
+            if java is not None and java.items_per_s > 0:
+                row["floor_over_java"] = row[f"{side}_items_per_s"] / java.items_per_s
     print(render(machine, config, brokers, results, goals, comparisons))
     report = {
         "benchmark": "bench_broker",
