@@ -21,9 +21,10 @@ cell is the best of its passes; the table shows ours, Java's and the ratio (ours
 the JSON every run of both. ``--floor`` adds the floor of a call: the same client, in the
 one-item-per-call workloads (produce, group_single, index_single) and in async_produce,
 against servers with an empty handler that answer canned replies (a raw socket thread per
-connection, and thriftpy2's threaded server) and only count oneway calls, in the same
-turns. With ``--java`` too, each floor's own ratio to Java is shown: a cell whose floor is
-under issue 10's target is one that a server doing nothing, the same way, does not reach.
+connection, the same work in one thread waiting in epoll for all connections, and
+thriftpy2's threaded server) and only count oneway calls, in the same turns. With
+``--java`` too, each floor's own ratio to Java is shown: a cell whose floor is under issue
+10's target is one that a server doing nothing, the same way, does not reach.
 
 Workloads, per item size (``--sizes``) and per number of client processes
 (``--clients``; every client is its own process with its own connection):
@@ -65,6 +66,7 @@ import json
 import multiprocessing as mp
 import os
 import secrets
+import select
 import shlex
 import socket
 import struct
@@ -162,7 +164,7 @@ BUDGETS: dict[str, tuple[float, float]] = {
 }
 
 #: The brokers compared: ours, the Java Luxun build (--java), the empty-handler floors (--floor).
-FLOOR_SIDES = ("floor-raw", "floor-thriftpy2")
+FLOOR_SIDES = ("floor-raw", "floor-epoll", "floor-thriftpy2")
 #: The workloads run against the floors: one item per sync call (floor_responses: their replies),
 #: and oneway asyncProduce (the floor counts the calls it read per topic; getSize answers that count).
 FLOOR_WORKLOADS = ("produce", "async_produce", "group_single", "index_single")
@@ -172,6 +174,8 @@ SIDE_TEXT = {
     "floor-raw": "floor: a Python socket thread per connection that answers each call frame with the canned "
     "reply of its method, the call's seqid copied in (reads type, name and seqid; no other decoding, no handler); "
     "oneway calls are only counted, under the topic of the connection's first one; getSize answers that count",
+    "floor-epoll": "floor: floor-raw's work in one Python thread for all connections, waiting in epoll for any "
+    "to send (no thread hand-offs)",
     "floor-thriftpy2": "floor: thriftpy2 TThreadedServer (Cython binary protocol, framed, TCP_NODELAY) whose "
     "handler returns a constant response per method; asyncProduce only counts per topic, getSize answers that count",
 }
@@ -620,40 +624,79 @@ def raw_get_size_reply(frame: bytes | bytearray, counts: OnewayCounts) -> SplitR
     return split_at_seqid(thrift_frame("getSize", TMessageType.REPLY, QueueService.getSize_result(success=response)))
 
 
+class RawFloorConnection:
+    """floor-raw's and floor-epoll's work on one connection: per complete call frame read,
+    the message type, the method name and the seqid, nothing else, and the canned reply of
+    that method with the call's seqid copied in; but oneway frames get no reply and are
+    counted, under the topic of the connection's first oneway call (decoded once), and
+    getSize answers from ``counts``."""
+
+    def __init__(self, conn: socket.socket, replies: dict[bytes, SplitReply], counts: OnewayCounts) -> None:
+        self.conn, self.replies, self.counts = conn, replies, counts
+        self.buf = bytearray()
+        self.topic: str | None = None
+
+    def received(self, data: bytes) -> None:
+        """Answer (``sendall``) every complete call frame ``data`` completes."""
+        buf = self.buf
+        buf += data
+        pos = oneway = 0
+        out: list[bytes | bytearray] = []
+        while len(buf) - pos >= 8:
+            n = int.from_bytes(buf[pos : pos + 4], "big")
+            if len(buf) - pos - 4 < n:
+                break
+            if buf[pos + 7] == TMessageType.ONEWAY:  # strict binary protocol: i32 version | type
+                if self.topic is None:
+                    self.topic = call_args(buf[pos + 4 : pos + 4 + n], "asyncProduce").produceRequest.topic
+                oneway += 1
+            else:
+                at = pos + 12 + int.from_bytes(buf[pos + 8 : pos + 12], "big")  # i32 name length, name
+                name = bytes(buf[pos + 12 : at])
+                if name == b"getSize":
+                    head, tail = raw_get_size_reply(buf[pos + 4 : pos + 4 + n], self.counts)
+                else:
+                    head, tail = self.replies.get(name) or unknown_method_reply(name)
+                out += (head, buf[at : at + 4], tail)  # the reply's seqid = the call's
+            pos += 4 + n
+        del buf[:pos]
+        if oneway and self.topic is not None:
+            self.counts.add(self.topic, oneway)
+        if out:
+            self.conn.sendall(b"".join(out))
+
+
 def serve_raw_connection(conn: socket.socket, replies: dict[bytes, SplitReply], counts: OnewayCounts) -> None:
-    """Answer every complete call frame on ``conn`` with the canned reply of its method, the
-    call's seqid copied into it. Read of a frame: the message type, the method name and the
-    seqid, nothing else; but oneway frames get no reply and are counted, under the topic of
-    the connection's first oneway call (decoded once), and getSize answers from ``counts``."""
-    buf = bytearray()
-    topic: str | None = None
+    """floor-raw: a thread per connection, in a blocking ``recv`` until its client sends."""
+    floor = RawFloorConnection(conn, replies, counts)
     with conn:
         while data := conn.recv(1 << 20):
-            buf += data
-            pos = oneway = 0
-            out: list[bytes | bytearray] = []
-            while len(buf) - pos >= 8:
-                n = int.from_bytes(buf[pos : pos + 4], "big")
-                if len(buf) - pos - 4 < n:
-                    break
-                if buf[pos + 7] == TMessageType.ONEWAY:  # strict binary protocol: i32 version | type
-                    if topic is None:
-                        topic = call_args(buf[pos + 4 : pos + 4 + n], "asyncProduce").produceRequest.topic
-                    oneway += 1
-                else:
-                    at = pos + 12 + int.from_bytes(buf[pos + 8 : pos + 12], "big")  # i32 name length, name
-                    name = bytes(buf[pos + 12 : at])
-                    if name == b"getSize":
-                        head, tail = raw_get_size_reply(buf[pos + 4 : pos + 4 + n], counts)
-                    else:
-                        head, tail = replies.get(name) or unknown_method_reply(name)
-                    out += (head, buf[at : at + 4], tail)  # the reply's seqid = the call's
-                pos += 4 + n
-            del buf[:pos]
-            if oneway and topic is not None:
-                counts.add(topic, oneway)
-            if out:
-                conn.sendall(b"".join(out))
+            floor.received(data)
+
+
+def serve_epoll(srv: socket.socket, replies: dict[bytes, SplitReply], counts: OnewayCounts) -> None:
+    """floor-epoll: one thread for every connection, waiting in ``epoll`` for any to send,
+    then reading each ready one (the sockets stay blocking: a ready socket's ``recv`` does
+    not wait, and a reply is sent whole before the next socket is read)."""
+    poll = select.epoll()
+    poll.register(srv.fileno(), select.EPOLLIN)
+    floors: dict[int, RawFloorConnection] = {}
+    while True:
+        for fd, _ in poll.poll():
+            if fd == srv.fileno():
+                conn, _ = srv.accept()
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                floors[conn.fileno()] = RawFloorConnection(conn, replies, counts)
+                poll.register(conn.fileno(), select.EPOLLIN)
+                continue
+            floor = floors[fd]
+            data = floor.conn.recv(1 << 20)
+            if data:
+                floor.received(data)
+            else:
+                poll.unregister(fd)
+                floor.conn.close()
+                del floors[fd]
 
 
 class NoDelayServerSocket(TServerSocket):  # type: ignore[misc]
@@ -677,6 +720,9 @@ def floor_main(kind: str, port: int, cpus: list[int] | None, item_size: int, top
         os.sched_setaffinity(0, cpus)
     responses = floor_responses(item_size, topic_items)
     counts = OnewayCounts(topic_items)
+    if kind == "floor-epoll":
+        with socket.create_server(("127.0.0.1", port)) as srv:
+            serve_epoll(srv, canned_replies(responses), counts)
     if kind == "floor-raw":
         replies = canned_replies(responses)
         with socket.create_server(("127.0.0.1", port)) as srv:
@@ -1338,7 +1384,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--floor",
         action="store_true",
         help="also run " + ", ".join(FLOOR_WORKLOADS) + " against servers with an empty handler\n"
-        "that answer canned replies and count oneway calls (raw socket, thriftpy2);\n"
+        "that answer canned replies and count oneway calls (raw socket threads, one epoll thread,\n"
+        "thriftpy2);\n"
         "with --java, each floor's ratio to Java is shown",
     )
     p.add_argument("--rounds", type=int, help="ABBA turns per item size with --java/--floor (default 1)")
