@@ -532,19 +532,17 @@ def run_clients(specs: list[dict[str, Any]], timeout_s: float) -> list[dict[str,
 
 
 # -- the floor of a sync call: servers with an empty handler --------------------------------
-def floor_responses(item_size: int, topic_items: int) -> dict[str, Any]:
+def floor_responses(item_size: int) -> dict[str, Any]:
     """What the floor servers answer, per sync method of the floor workloads (constants, no
     storage): ``produce`` SUCCESS at index 0; ``consume`` (by group or by index alike) SUCCESS
     with one item of ``item_size`` zero bytes and lastConsumedIndex 0 (an index loop then goes
-    on at 1, a group loop counts one item); ``getSize`` ``topic_items`` (the prefill count, so a
-    consume run sees the topic it would see on a broker); ``findClosestIndexByTime`` index 0
-    (the tail); ``deleteTopic`` SUCCESS. asyncProduce (oneway) gets no reply: the floors count
-    those calls per topic, and getSize of such a topic answers the count (:class:`OnewayCounts`)."""
+    on at 1, a group loop counts one item); ``findClosestIndexByTime`` index 0 (the tail);
+    ``deleteTopic`` SUCCESS. asyncProduce (oneway) gets no reply: the floors count those calls
+    per topic, and getSize answers from that count (:class:`OnewayCounts`)."""
     ok = T.Result(resultCode=SUCCESS)
     return {
         "produce": T.ProduceResponse(result=ok, index=0),
         "consume": T.ConsumeResponse(result=ok, itemList=[bytes(item_size)], lastConsumedIndex=0),
-        "getSize": T.GetSizeResponse(result=ok, size=topic_items),
         "findClosestIndexByTime": T.FindClosestIndexByTimeResponse(result=ok, index=0),
         "deleteTopic": T.DeleteTopicResponse(result=ok),
     }
@@ -601,7 +599,8 @@ def call_args(frame: bytes | bytearray, name: str) -> Any:
 class OnewayCounts:
     """The floors' only state: oneway asyncProduce calls read, per topic, so that the bench's
     getSize sees them arrive (a floor stores nothing). Topics never produced to answer
-    ``topic_items`` (a consume run's prefill count)."""
+    ``topic_items`` (the prefill count, so a consume run sees the topic it would see on a
+    broker)."""
 
     def __init__(self, topic_items: int) -> None:
         self.topic_items = topic_items
@@ -612,15 +611,16 @@ class OnewayCounts:
         with self._lock:
             self._counts[topic] = self._counts.get(topic, 0) + n
 
-    def size(self, topic: str) -> int:
+    def get_size(self, topic: str) -> Any:
+        """The GetSizeResponse of ``topic``."""
         with self._lock:
-            return self._counts.get(topic, self.topic_items)
+            size = self._counts.get(topic, self.topic_items)
+        return T.GetSizeResponse(result=T.Result(resultCode=SUCCESS), size=size)
 
 
 def raw_get_size_reply(frame: bytes | bytearray, counts: OnewayCounts) -> SplitReply:
     """The raw floors' reply to a getSize call ``frame`` (the bench's monitor; rare): ``counts``' size."""
-    topic = call_args(frame, "getSize").getSizeRequest.topic
-    response = T.GetSizeResponse(result=T.Result(resultCode=SUCCESS), size=counts.size(topic))
+    response = counts.get_size(call_args(frame, "getSize").getSizeRequest.topic)
     return split_at_seqid(thrift_frame("getSize", TMessageType.REPLY, QueueService.getSize_result(success=response)))
 
 
@@ -715,10 +715,11 @@ def constant(response: Any) -> Callable[[Any], Any]:
 
 def floor_main(kind: str, port: int, cpus: list[int] | None, item_size: int, topic_items: int) -> None:
     """A floor server process on 127.0.0.1:``port``, serving until SIGTERM, with the replies of
-    :func:`floor_responses` (``item_size``: the consumed item's size; ``topic_items``: getSize)."""
+    :func:`floor_responses` (``item_size``: the consumed item's size) and getSize from
+    :class:`OnewayCounts` (``topic_items``: a topic's size before any asyncProduce)."""
     if cpus:
         os.sched_setaffinity(0, cpus)
-    responses = floor_responses(item_size, topic_items)
+    responses = floor_responses(item_size)
     counts = OnewayCounts(topic_items)
     if kind == "floor-epoll":
         with socket.create_server(("127.0.0.1", port)) as srv:
@@ -730,10 +731,9 @@ def floor_main(kind: str, port: int, cpus: list[int] | None, item_size: int, top
                 conn, _ = srv.accept()
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 threading.Thread(target=serve_raw_connection, args=(conn, replies, counts), daemon=True).start()
-    ok = T.Result(resultCode=SUCCESS)
     handler = SimpleNamespace(**{name: constant(r) for name, r in responses.items()})
     handler.asyncProduce = lambda request: counts.add(request.topic, 1)
-    handler.getSize = lambda request: T.GetSizeResponse(result=ok, size=counts.size(request.topic))
+    handler.getSize = lambda request: counts.get_size(request.topic)
 
     from thriftpy2.server import TThreadedServer
 
