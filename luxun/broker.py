@@ -30,7 +30,7 @@ from .kafka.log import KafkaLog
 from .kafka.server import KafkaServer
 from .metrics import Metrics, MetricsServer
 from .retention import Maintenance
-from .server import ThriftServer
+from .server import TcpServer, ThriftServer
 from .service import QueueHandler
 from .topics import TopicManager
 
@@ -97,6 +97,19 @@ def _check_port_free(host: str, port: int, setting: str) -> None:
             in_use = exc.errno == errno.EADDRINUSE
             what = "is in use by another program" if in_use else f"cannot be used: {exc.strerror}"
             raise StartupError(exc.errno or errno.EADDRINUSE, f"{host}:{port} ({setting}) {what}") from exc
+
+
+def _listen(server: TcpServer, setting: str) -> None:
+    """``server.start()``, a failure to listen raised as :class:`StartupError` naming the
+    address and setting (the port was free when checked but another program, or another
+    name of the same address, took it since)."""
+    try:
+        server.start()
+    except OSError as exc:
+        host, port = server.address[:2]
+        raise StartupError(
+            exc.errno or errno.EADDRINUSE, f"{host}:{port} ({setting}) cannot listen: {exc.strerror or exc}"
+        ) from exc
 
 
 def _check_data_dir(path: str) -> None:
@@ -278,10 +291,14 @@ class Broker:
         finds the metrics and Kafka ports open too."""
         if self.metrics_server is not None:
             self.metrics_server.start()
-        if self.kafka_server is not None:
-            self.kafka_server.start()
+        try:
+            if self.kafka_server is not None:
+                _listen(self.kafka_server, "kafka.port, --kafka-port")
+            _listen(self.server, "port, --port")
+        except StartupError:
+            self.stop()  # closes the listeners already open, flushes nothing yet written
+            raise
         self.maintenance.start()
-        self.server.start()
         metrics = (
             f"metrics on http://{self.config.metrics_host}:{self.metrics_server.address[1]}/"
             if self.metrics_server is not None

@@ -174,7 +174,7 @@ def _fail(message: str, code: int) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .broker import Broker, tune_allocator
+    from .broker import Broker, StartupError, tune_allocator
     from .config import BrokerConfig, ConfigError, load_properties
     from .topics import DataDirLockedError
 
@@ -205,7 +205,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(_os_error(exc), 2) from exc
     if not tune_allocator():
         logging.getLogger(__name__).info("malloc thresholds left as they are (set by the environment, or no glibc)")
-    broker.serve_forever()
+    try:
+        broker.serve_forever()
+    except StartupError as exc:  # a port taken between the check and listening
+        raise CliError(str(exc), 2) from exc
     return 0
 
 

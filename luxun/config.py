@@ -302,6 +302,24 @@ class BrokerConfig:
                     raise ConfigError(f"{label} must be true or false, not {value!r}", key=f.metadata["key"])
             else:
                 _check_int(f, value=value, label=label)
+        self._check_ports_differ()
+
+    def _check_ports_differ(self) -> None:
+        """Two of the broker's listeners on one port (and overlapping addresses) cannot
+        both listen: the second would fail only once the first already accepts."""
+        listeners = [
+            ("port", "--port", self.host, self.port),
+            ("metrics.port", "--metrics-port", self.metrics_host, self.metrics_port or 0),
+            ("kafka.port", "--kafka-port", self.kafka_host or self.host, self.kafka_port),
+        ]
+        for i, (key_a, flag_a, host_a, port_a) in enumerate(listeners):
+            for key_b, flag_b, host_b, port_b in listeners[i + 1 :]:
+                if port_a and port_a == port_b and _addresses_overlap(host_a, host_b):
+                    raise ConfigError(
+                        f"{key_a} ({flag_a}) and {key_b} ({flag_b}) are both {port_a}: "
+                        "each listener needs a port of its own",
+                        key=key_b,
+                    )
 
     @property
     def metrics_enabled(self) -> bool:
@@ -386,6 +404,16 @@ OUR_KEYS: frozenset[str] = frozenset(k for k, f in _FIELD_BY_KEY.items() if f.me
 UNUSED_KEYS: frozenset[str] = frozenset({"monitoring.period.secs"})
 #: Every key a properties file may hold.
 KNOWN_KEYS: frozenset[str] = JAVA_KEYS | OUR_KEYS
+
+
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def _addresses_overlap(host_a: str, host_b: str) -> bool:
+    """Whether listeners bound to these hosts can conflict on one port: the same host, or
+    either one every address (names are not resolved: two names of one address pass
+    here and fail when the broker binds, with an error naming the port)."""
+    return host_a == host_b or host_a in _WILDCARD_HOSTS or host_b in _WILDCARD_HOSTS
 
 
 def _label(f: dataclasses.Field[Any]) -> str:

@@ -291,6 +291,30 @@ def test_serve_on_a_port_in_use_names_it_and_creates_no_data_dir(tmp_path: Path,
     assert not data.exists()
 
 
+def test_serve_with_two_listeners_on_one_port_is_one_line(tmp_path: Path) -> None:
+    data, port = tmp_path / "data", str(free_port())
+    done = run_cli("serve", "--data-dir", str(data), "--port", port, "--metrics-port", port, timeout_s=30)
+    one_line_error(done, f"port (--port) and metrics.port (--metrics-port) are both {port}", code=2)
+    assert not data.exists()
+
+
+def test_serve_that_cannot_listen_stops_and_says_why_in_one_line(tmp_path: Path) -> None:
+    # Two names of one address pass the configuration check; the metrics server listens
+    # first, and the QueueService port then cannot.
+    if socket.gethostbyname("localhost") != "127.0.0.1":
+        pytest.skip("localhost is not 127.0.0.1 here")
+    port = str(free_port())
+    done = run_cli(
+        "serve", "--data-dir", str(tmp_path / "data"), "--host", "127.0.0.1", "--port", port,
+        "--metrics-host", "localhost", "--metrics-port", port, timeout_s=30,
+    )  # fmt: skip
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 2, err
+    assert "Traceback" not in err, err
+    assert err.splitlines()[-1] == f"luxun: 127.0.0.1:{port} (port, --port) cannot listen: Address already in use", err
+    assert "stopped; every topic flushed and closed" in err, err
+
+
 def test_serve_with_a_data_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.write_text("not a directory")

@@ -6,6 +6,7 @@ import dataclasses
 import hmac
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +362,39 @@ def test_metrics_port_none_means_off() -> None:
     assert not BrokerConfig(metrics_port=None).metrics_enabled
     assert not BrokerConfig(metrics_port=0).metrics_enabled
     assert BrokerConfig(metrics_port=1).metrics_enabled
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"port": 9100, "metrics_port": 9100}, "port (--port) and metrics.port (--metrics-port) are both 9100"),
+        ({"port": 9100, "metrics_port": 0, "kafka_port": 9100}, "port (--port) and kafka.port (--kafka-port)"),
+        ({"metrics_port": 9100, "kafka_port": 9100}, "metrics.port (--metrics-port) and kafka.port (--kafka-port)"),
+        ({"port": 9093}, "are both 9093"),  # the default metrics port
+        ({"host": "0.0.0.0", "metrics_host": "127.0.0.2", "metrics_port": 9092}, "are both 9092"),
+        ({"kafka_host": "::", "kafka_port": 9093}, "metrics.port (--metrics-port) and kafka.port"),
+        ({"kafka_host": "127.0.0.3", "kafka_port": 9092, "host": "127.0.0.3"}, "are both 9092"),
+    ],
+)
+def test_two_listeners_on_one_port_are_refused(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        BrokerConfig(**kwargs)
+    props = {_field_key(name): str(value) for name, value in kwargs.items()}
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        BrokerConfig.from_properties(props)
+
+
+def test_listeners_on_distinct_addresses_or_port_0_may_share_the_number() -> None:
+    BrokerConfig(port=9100, metrics_host="127.0.0.2", metrics_port=9100)
+    BrokerConfig(port=9100, kafka_host="127.0.0.2", kafka_port=9100, metrics_port=0)
+    BrokerConfig(port=0, metrics_port=0, kafka_port=0)  # 0: a free port each, never the same
+    BrokerConfig(port=0, metrics_port=None)
+
+
+def _field_key(name: str) -> str:
+    """The server.properties key of a BrokerConfig field."""
+    (f,) = [f for f in dataclasses.fields(BrokerConfig) if f.name == name]
+    return str(f.metadata["key"])
 
 
 def test_password_is_not_in_repr() -> None:
