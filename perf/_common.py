@@ -346,11 +346,22 @@ def java_version() -> str:
     return lines[0] if lines else "unknown"
 
 
+#: Every port free_port handed out in this process.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` a moment ago (for a server that cannot be given port 0)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on ``host`` a moment ago (for a server that cannot be given port 0),
+    never one handed out before in this process (the kernel may offer a just-closed port
+    again, and one broker given it twice fails to start)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host} that this process has not handed out ({len(_HANDED_OUT)} so far)")
 
 
 def port_answers(host: str, port: int) -> bool:

@@ -22,10 +22,22 @@ from idl import QueueService
 PASSWORD = "secret"
 
 
+#: Every port free_port handed out in this process.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free on 127.0.0.1 a moment ago and that this process has not
+    handed out before: the kernel may offer a just-closed port again, and a broker given
+    the same port twice (its port and its metrics port) fails only once one of them listens."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 that this process has not handed out ({len(_HANDED_OUT)} so far)")
 
 
 class BrokerProcess:

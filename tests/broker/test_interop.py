@@ -43,6 +43,7 @@ from thriftpy2.transport import TCyFramedTransportFactory
 
 from idl import QueueService
 from idl import luxun_thrift as T
+from tests._broker import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -129,18 +130,12 @@ def _run(cmd: list[str], timeout: float = 120, **kwargs: Any) -> subprocess.Comp
 
 
 # -- the broker -----------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
     """``luxun serve`` on a free loopback port; its stderr is printed if a test failed."""
     tmp = tmp_path_factory.mktemp("interop-broker")
     log_path = tmp / "broker.log"
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable, "-m", "luxun.cli", "serve",
         "--data-dir", str(tmp / "data"),

@@ -96,7 +96,17 @@ def test_several_brokers_block(tmp_path: Path) -> None:
         replacements[f"./{name}"] = str(tmp_path / name)
     code = rewrite(blk, replacements)
     background: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
     outputs: list[str] = []
+
+    def brokers_state() -> str:
+        """Each broker started so far: running or its exit code, and its log's end."""
+        return "".join(
+            f"\n--- broker {log.stem}: {'running' if proc.poll() is None else f'exited {proc.returncode}'}\n"
+            + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            for proc, log in zip(background, logs, strict=True)
+        )
+
     try:
         for offset, line in enumerate(code.splitlines(), start=1):
             where = f"{README}:{blk.line + offset}: {blk.code.splitlines()[offset - 1]}"
@@ -106,21 +116,20 @@ def test_several_brokers_block(tmp_path: Path) -> None:
             if command.endswith("&"):
                 argv = shlex.split(command[:-1])
                 port = int(argv[argv.index("--port") + 1])
-                log = open(tmp_path / f"broker-{port}.log", "wb")  # noqa: SIM115 - closed below
-                background.append(subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=log))
-                log.close()
+                logs.append(tmp_path / f"broker-{port}.log")
+                with logs[-1].open("wb") as log:
+                    background.append(subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=log))
                 deadline = time.monotonic() + 20
-                while not _listening(port):
-                    assert background[-1].poll() is None, (
-                        f"{where}\nexited: {(tmp_path / f'broker-{port}.log').read_text()}"
-                    )
-                    assert time.monotonic() < deadline, f"{where}\nnot listening on {port} after 20 s"
+                # Its own "serving" line, not only a port that answers: that could be another listener.
+                while f"on 127.0.0.1:{port} (" not in logs[-1].read_text(errors="replace") or not _listening(port):
+                    assert background[-1].poll() is None, f"{where}\nexited{brokers_state()}"
+                    assert time.monotonic() < deadline, f"{where}\nnot listening on {port} after 20 s{brokers_state()}"
                     time.sleep(0.05)
                 continue
             done = subprocess.run(
                 ["bash", "-o", "pipefail", "-c", command], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
             )
-            assert done.returncode == 0, f"{where}\nexit code {done.returncode}\n{done.stderr}"
+            assert done.returncode == 0, f"{where}\nexit code {done.returncode}\n{done.stderr}{brokers_state()}"
             outputs.append(done.stdout)
     finally:
         for proc in background:
