@@ -674,6 +674,13 @@ def serve_raw_connection(conn: socket.socket, replies: dict[bytes, SplitReply], 
             floor.received(data)
 
 
+def accept_no_delay(srv: socket.socket) -> socket.socket:
+    """The next connection of ``srv``, with TCP_NODELAY (as the brokers set it)."""
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
 def serve_epoll(srv: socket.socket, replies: dict[bytes, SplitReply], counts: OnewayCounts) -> None:
     """floor-epoll: one thread for every connection, waiting in ``epoll`` for any to send,
     then reading each ready one (the sockets stay blocking: a ready socket's ``recv`` does
@@ -684,8 +691,7 @@ def serve_epoll(srv: socket.socket, replies: dict[bytes, SplitReply], counts: On
     while True:
         for fd, _ in poll.poll():
             if fd == srv.fileno():
-                conn, _ = srv.accept()
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn = accept_no_delay(srv)
                 floors[conn.fileno()] = RawFloorConnection(conn, replies, counts)
                 poll.register(conn.fileno(), select.EPOLLIN)
                 continue
@@ -721,16 +727,15 @@ def floor_main(kind: str, port: int, cpus: list[int] | None, item_size: int, top
         os.sched_setaffinity(0, cpus)
     responses = floor_responses(item_size)
     counts = OnewayCounts(topic_items)
-    if kind == "floor-epoll":
-        with socket.create_server(("127.0.0.1", port)) as srv:
-            serve_epoll(srv, canned_replies(responses), counts)
-    if kind == "floor-raw":
+    if kind in ("floor-raw", "floor-epoll"):
         replies = canned_replies(responses)
         with socket.create_server(("127.0.0.1", port)) as srv:
-            while True:
-                conn, _ = srv.accept()
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                threading.Thread(target=serve_raw_connection, args=(conn, replies, counts), daemon=True).start()
+            if kind == "floor-epoll":
+                serve_epoll(srv, replies, counts)
+            else:
+                while True:
+                    conn = accept_no_delay(srv)
+                    threading.Thread(target=serve_raw_connection, args=(conn, replies, counts), daemon=True).start()
     handler = SimpleNamespace(**{name: constant(r) for name, r in responses.items()})
     handler.asyncProduce = lambda request: counts.add(request.topic, 1)
     handler.getSize = lambda request: counts.get_size(request.topic)
