@@ -379,7 +379,7 @@ def test_metrics_port_none_means_off() -> None:
 def test_two_listeners_on_one_port_are_refused(kwargs: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(named)):
         BrokerConfig(**kwargs)
-    props = {_field_key(name): str(value) for name, value in kwargs.items()}
+    props = {config_module._FIELDS[name].metadata["key"]: str(value) for name, value in kwargs.items()}
     with pytest.raises(ConfigError, match=re.escape(named)):
         BrokerConfig.from_properties(props)
 
@@ -389,12 +389,6 @@ def test_listeners_on_distinct_addresses_or_port_0_may_share_the_number() -> Non
     BrokerConfig(port=9100, kafka_host="127.0.0.2", kafka_port=9100, metrics_port=0)
     BrokerConfig(port=0, metrics_port=0, kafka_port=0)  # 0: a free port each, never the same
     BrokerConfig(port=0, metrics_port=None)
-
-
-def _field_key(name: str) -> str:
-    """The server.properties key of a BrokerConfig field."""
-    (f,) = [f for f in dataclasses.fields(BrokerConfig) if f.name == name]
-    return str(f.metadata["key"])
 
 
 def test_password_is_not_in_repr() -> None:
