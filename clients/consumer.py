@@ -61,7 +61,7 @@ DEFAULT_FETCH_BYTES = 1 << 20
 EARLIEST = -1
 LATEST = -2
 _NOTHING_YET = (AllMessagesConsumedError, TopicIsEmptyError, TopicNotExistError)
-#: In the broker's TRY_LATER message when another member holds the group (see luxun.service).
+#: In the broker's TRY_LATER message when another member holds the group (see luxun.thrift.service).
 _HELD_BY_ANOTHER = "is read by member"
 _NONE = object()
 

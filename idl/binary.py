@@ -13,7 +13,7 @@ than ``max_depth`` levels, and refuses unknown type ids, each with a
 
 Users (each wraps the error in its own):
 
-- the broker's :func:`luxun.server.check_frame` walks every request frame before the
+- the broker's :func:`luxun.thrift.server.check_frame` walks every request frame before the
   Cython decoder sees it (``max_depth`` 32; error: ``BadFrame``);
 - the clients' message-pack reader (:mod:`clients.messages`) skips unknown fields of
   packs it cannot trust (``max_depth`` 64; error: ``PackError``).

@@ -1,6 +1,6 @@
 """The layout of QueueService's ``produce`` and ``asyncProduce`` calls on the wire, as every
 Thrift generator writes them (strict binary protocol): one definition for the broker,
-which reads them by hand (:mod:`luxun.wire`), and the clients, which write them by hand
+which reads them by hand (:mod:`luxun.thrift.wire`), and the clients, which write them by hand
 (:mod:`clients.connection`).
 
 A framed call is: the frame's length (i32), the message type (version 1 | ``CALL``, or

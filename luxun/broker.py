@@ -29,9 +29,10 @@ from .kafka.handlers import KafkaHandler
 from .kafka.log import KafkaLog
 from .kafka.server import KafkaServer
 from .metrics import Metrics, MetricsServer
+from .net import TcpServer
 from .retention import Maintenance
-from .server import TcpServer, ThriftServer
-from .service import QueueHandler
+from .thrift.server import ThriftServer
+from .thrift.service import QueueHandler
 from .topics import TopicManager
 
 log = logging.getLogger(__name__)

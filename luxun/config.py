@@ -135,7 +135,7 @@ DEFAULT_MAX_TOPICS = 0
 #: An open topic costs about 5 file descriptors, so 100 fit a 1,024 limit with room
 #: for ~400 connections.
 DEFAULT_MAX_OPEN_TOPICS = 100
-#: Microseconds a lone connection polls for its next call before it sleeps (luxun.server).
+#: Microseconds a lone connection polls for its next call before it sleeps (luxun.thrift.server).
 DEFAULT_BUSY_POLL_US = 200
 #: The Kafka-protocol port (0: off, the default: the Thrift port is Kafka's usual 9092).
 DEFAULT_KAFKA_PORT = 0
@@ -239,7 +239,7 @@ class BrokerConfig:
         default=DEFAULT_MAX_OPEN_TOPICS, metadata=_key("max.open.topics", 1, INT32_MAX, ours=True)
     )
     #: After answering, a connection that has been the only one receiving polls its socket
-    #: this long before it sleeps (0: never): see luxun.server, "Busy polling".
+    #: this long before it sleeps (0: never): see luxun.thrift.server, "Busy polling".
     busy_poll_us: int = field(default=DEFAULT_BUSY_POLL_US, metadata=_key("busy.poll.us", 0, 1_000_000, ours=True))
     #: The Kafka-protocol port (0: off).
     kafka_port: int = field(default=DEFAULT_KAFKA_PORT, metadata=_key("kafka.port", 0, 65535, ours=True))

@@ -69,7 +69,7 @@ class Metrics:
         self.input_buffer_bytes = 0
         self.input_buffer_waits = 0
         self.input_buffer_closed = 0
-        #: Busy polling (luxun.server): times a connection polled for its next call, and
+        #: Busy polling (luxun.thrift.server): times a connection polled for its next call, and
         #: times the call came while it polled.
         self.busy_polls = 0
         self.busy_poll_hits = 0

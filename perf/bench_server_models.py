@@ -7,14 +7,14 @@ A program, not a test::
     .venv/bin/python perf/bench_server_models.py --models threads,asyncio-cy --workloads stall
     .venv/bin/python perf/bench_server_models.py --help
 
-Every model serves the same ``luxun.service.QueueHandler`` over a
+Every model serves the same ``luxun.thrift.service.QueueHandler`` over a
 ``luxun.topics.TopicManager`` (default page size, no flush, no maintenance thread) on a
 temporary data directory, in its own process, started by this file's ``--serve`` entry
 point (``--serve MODEL --port P --data-dir D``; ``--port 0`` picks a free port and the
 process prints it):
 
 =====================  ==================================================================
-``threads``            ``luxun.server.ThriftServer`` as the broker runs it: a thread per
+``threads``            ``luxun.thrift.server.ThriftServer`` as the broker runs it: a thread per
                        connection, our framing, ``TCyBinaryProtocol``
 ``asyncio-cy``         one event loop (``asyncio.Protocol``) with ``ThriftServer``'s
                        framing; each frame answered inline on the loop thread by
@@ -84,16 +84,17 @@ from thriftpy2.thrift import TClient, TMessageType  # noqa: E402
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket  # noqa: E402
 from thriftpy2.transport.memory import TCyMemoryBuffer  # noqa: E402
 
-import luxun.wire  # noqa: E402
+import luxun.thrift.wire  # noqa: E402
 from idl import QueueService  # noqa: E402
 from idl import luxun_thrift as T  # noqa: E402
 from luxun.broker import FRAME_OVERHEAD_BYTES  # noqa: E402
 from luxun.config import DEFAULT_DATA_PAGE_SIZE_BYTES, DEFAULT_FLUSH_COUNT, DEFAULT_MAX_MESSAGE_SIZE_BYTES  # noqa: E402
 from luxun.metrics import Metrics  # noqa: E402
-from luxun.server import AsyncProduceBatch, ThriftServer  # noqa: E402
-from luxun.service import MAX_WAIT_MS, QueueHandler  # noqa: E402
+from luxun.net import send_frame, send_parts  # noqa: E402
+from luxun.thrift.server import AsyncProduceBatch, ThriftServer  # noqa: E402
+from luxun.thrift.service import MAX_WAIT_MS, QueueHandler  # noqa: E402
+from luxun.thrift.wire import encode_consume_reply, parse_produce_call, produce_reply_frame  # noqa: E402
 from luxun.topics import TopicManager  # noqa: E402
-from luxun.wire import encode_consume_reply, parse_produce_call, produce_reply_frame  # noqa: E402
 
 log = logging.getLogger("bench_server_models")
 
@@ -412,9 +413,9 @@ class CyConnection(asyncio.Protocol):
         if transport is None or sock is None or transport.is_closing():
             return
         if parked.wire:
-            self.frames._send_parts(sock, luxun.wire.encode_consume_reply_parts(seqid, response))  # type: ignore
+            send_parts(sock, luxun.thrift.wire.encode_consume_reply_parts(seqid, response))  # type: ignore
         else:
-            self.frames._send(sock, encode_consume_reply(seqid, response))  # type: ignore[arg-type]
+            send_frame(sock, encode_consume_reply(seqid, response))
         self.parked = False
         transport.resume_reading()
         self._handle_frames()

@@ -1,48 +1,9 @@
-"""The Kafka-protocol port: Kafka clients produce to and consume from luxun topics.
+"""The Kafka-protocol door: Kafka clients produce to and consume from luxun topics.
 
-A Kafka topic is a luxun topic; its partitions are big arrays:
-
-* partition 0 of topic ``T`` is the luxun topic ``T`` itself (what Thrift clients read
-  and write), so a one-partition topic is shared by both protocols;
-* partition ``p > 0`` is the luxun topic ``T~p`` (``~`` is not allowed in Kafka topic
-  names, so these never collide with a topic a Kafka client names).
-
-A record batch that arrives in one Produce request is stored as ONE item (kind
-:data:`KIND_KAFKA_BATCH`); Kafka offsets count records, and the big array numbers
-them (``BigArray.next_offset``, ``end_offset``, ``find_offset``). An item written by
-a Thrift client (kind :data:`KIND_LUXUN`) is one record.
+How Kafka topics, partitions and offsets map onto luxun topics is written once, below
+the doors, in :mod:`luxun.partitions`; the record-batch format in :mod:`luxun.records`.
+This package holds what only the Kafka door does: its framing (:mod:`.server` on
+:mod:`luxun.net`), request decoding (:mod:`.protocol`, :mod:`.responses`), handlers,
+the Kafka view of topics (:mod:`.log`), consumer groups and their offsets. It never
+imports the Thrift door (:mod:`luxun.thrift`); an import-linter contract checks it.
 """
-
-from __future__ import annotations
-
-from typing import Final
-
-__all__ = [
-    "KIND_KAFKA_BATCH",
-    "KIND_LUXUN",
-    "PARTITION_SEPARATOR",
-    "partition_of",
-    "partition_topic",
-]
-
-#: Item kinds (the bigarray ``kind`` tag of each item).
-KIND_LUXUN: Final = 0
-KIND_KAFKA_BATCH: Final = 1
-
-#: Between a topic's name and its partition number in the luxun topic of partition p > 0.
-PARTITION_SEPARATOR: Final = "~"
-
-
-def partition_topic(topic: str, partition: int) -> str:
-    """The luxun topic that holds ``partition`` of Kafka topic ``topic``."""
-    if partition < 0:
-        raise ValueError(f"partition {partition} of topic {topic!r} is negative")
-    return topic if partition == 0 else f"{topic}{PARTITION_SEPARATOR}{partition}"
-
-
-def partition_of(name: str) -> tuple[str, int]:
-    """The Kafka topic and partition a luxun topic holds (``("T", 0)`` for ``T``)."""
-    topic, sep, number = name.rpartition(PARTITION_SEPARATOR)
-    if sep and topic and number.isdigit() and not number.startswith("0"):
-        return topic, int(number)
-    return name, 0

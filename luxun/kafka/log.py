@@ -43,9 +43,9 @@ import numpy as np
 
 from bigarray import ArrayClosedError, DiskFullError, InvalidNameError, ItemTooLargeError
 
+from .. import records as rec
+from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_topic
 from ..topics import Topic, TopicLimitError, TopicManager
-from . import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_topic
-from . import records as rec
 
 __all__ = ["FetchResult", "KafkaLog", "ProduceResult", "TopicInfo", "legal_topic_name"]
 

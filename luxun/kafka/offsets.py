@@ -17,7 +17,7 @@ survive a broker restart. The commit's metadata string is kept in memory only (i
 lost on a restart; OffsetFetch then answers ``""``).
 
 A group that has committed a position is an at-least-once group for the Thrift port
-too (``luxun/service.py``): consumes of it that move the position on their own are
+too (``luxun/thrift/service.py``): consumes of it that move the position on their own are
 refused there.
 
 Thread-safety: every method may be called from any thread.
@@ -38,8 +38,8 @@ from bigarray import ArrayClosedError, IndexOutOfRangeError
 from bigarray.format import COMMITTED_DIR_PREFIX
 
 from ..logs import RateLimitedLog
+from ..partitions import partition_of, partition_topic
 from ..topics import Topic, TopicManager
-from . import partition_of, partition_topic
 from .log import legal_topic_name
 
 __all__ = ["NO_OFFSET", "OffsetStore"]

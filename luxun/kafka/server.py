@@ -1,4 +1,4 @@
-"""The Kafka port's server: Kafka's framing over :class:`~luxun.server.TcpServer`.
+"""The Kafka port's server: Kafka's framing over :class:`~luxun.net.TcpServer`.
 
 A Kafka request is a frame: an int32 size, then the request header and body. As in
 Kafka, each connection's requests are handled one at a time, in order, and answered
@@ -7,10 +7,12 @@ use several connections for that reason). A frame whose size is <= 0 or above
 ``max_frame_bytes`` (``socket.request.max.bytes`` in Kafka), or that does not parse,
 closes only that connection, with one rate-limited log line.
 
-Memory is bounded as on the Thrift port: a frame is read in chunks as its bytes
-arrive, every chunk taken from the broker-wide :class:`~luxun.server.InputBudget`
-(a client announcing 2 GiB and sending nothing holds nothing); a connection that
-cannot get budget within ``budget_wait_s`` is closed.
+Memory is bounded as on the Thrift port, by the same code (:mod:`luxun.net`): a
+frame larger than the read-ahead buffer is received into its own mapping as its bytes
+arrive, budget taken from the broker-wide :class:`~luxun.net.InputBudget` step by
+step (a client announcing 2 GiB and sending nothing holds nothing); a connection that
+cannot get budget within ``budget_wait_s`` is closed. Responses go out with
+:func:`~luxun.net.send_parts` (a Fetch of many partitions is many buffers).
 
 Thread-safety: ``start``/``stop`` from the main thread; connections run in their own.
 """
@@ -26,19 +28,17 @@ from typing import Any, Protocol
 
 from ..logs import RateLimitedLog
 from ..metrics import Metrics
-from ..server import DEFAULT_BUDGET_WAIT_S, RECEIVING, TcpServer
+from ..net import DEFAULT_BUDGET_WAIT_S, RECEIVING, BigFrame, TcpServer, send_parts
 
 __all__ = ["FrameHandler", "KafkaServer"]
 
 log = logging.getLogger(__name__)
-_limited = RateLimitedLog(log)
+_rate_limited = RateLimitedLog(log)
 
 _I32 = struct.Struct(">i")
-# Bytes read per recv while a frame arrives (and taken from the budget per step).
-_CHUNK = 1 << 20
 # Bytes read ahead per recv while the input budget has room (it holds all but
 # _UNBUDGETED of them, like the Thrift port's buffers); frames larger than that are
-# read as they arrive, budgeted per _CHUNK.
+# received into their own mapping as they arrive (TcpServer._read_big_frame).
 _READ_AHEAD = 64 * 1024
 _UNBUDGETED = 4096
 # Produce responses held back at most, while more produce requests are buffered.
@@ -57,6 +57,8 @@ class FrameHandler(Protocol):
 
 class KafkaServer(TcpServer):
     """Serves the Kafka protocol on ``host:port`` through ``handler``."""
+
+    frame_limit_setting = "socket.request.max.bytes"
 
     def __init__(
         self,
@@ -82,40 +84,13 @@ class KafkaServer(TcpServer):
             name="luxun-kafka",
         )
 
-    def _recv_exactly(self, sock: socket.socket, n: int, held: list[int], prefix: bytes = b"") -> bytes | None:
-        """``prefix`` and then ``n`` bytes from ``sock`` (None when the peer closed
-        first). Each chunk beyond 4 KiB is taken from the input budget first and
-        counted in ``held[0]`` (the caller gives it back once the request is handled)."""
-        if n <= 4096:
-            data = sock.recv(n, socket.MSG_WAITALL)
-            return prefix + data if len(data) == n else None
-        parts: list[bytes] = [prefix]
-        got = 0
-        while got < n:
-            step = min(_CHUNK, n - got)
-            if not self._budget.take(step, self.budget_wait_s, self._stopping):
-                _limited.warning(
-                    "kafka-budget",
-                    "closing Kafka connection: no input budget for a %d-byte request within %.0f s",
-                    n,
-                    self.budget_wait_s,
-                )
-                return None
-            held[0] += step
-            chunk = sock.recv(step, socket.MSG_WAITALL)
-            if len(chunk) < step:  # the peer closed (or the server is stopping)
-                return None
-            parts.append(chunk)
-            got += step
-        return b"".join(parts)
-
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
-        held = [0, 0]  # input budget held: [the frame being read, the read-ahead buffer]
+        held = [0]  # input budget held by the read-ahead buffer
         pending: list[Any] = []  # responses not sent yet
         try:
             self._serve_frames(sock, peer, held, pending)
         finally:
-            self._budget.give(held[0] + held[1])
+            self._budget.give(held[0])
             if pending:  # answered before the connection closes (a bad frame came next)
                 with contextlib.suppress(OSError):
                     _send(sock, pending)
@@ -136,14 +111,7 @@ class KafkaServer(TcpServer):
             avail = len(buf) - pos
             size = _I32.unpack_from(buf, pos)[0] if avail >= 4 else 0
             if avail >= 4 and (size <= 0 or size > max_frame):
-                self.metrics.bad_frames += 1
-                _limited.warning(
-                    "kafka-frame-size",
-                    "closing Kafka connection from %s: request size %d is outside 1..%d (socket.request.max.bytes)",
-                    peer,
-                    size,
-                    max_frame,
-                )
+                self._refuse_frame_size(peer, size)
                 return
             if avail < 4 or avail - 4 < size:  # need more bytes: answer what is pending first
                 if pending:
@@ -151,23 +119,26 @@ class KafkaServer(TcpServer):
                     pending.clear()
                     pending_bytes = 0
                 rest = buf[pos:]
-                if not rest and held[1] and budget.tight:  # idle and others need it: give it back
-                    budget.give(held[1])
-                    held[1] = 0
-                if not held[1] and budget.try_take(_READ_AHEAD - _UNBUDGETED):
-                    held[1] = _READ_AHEAD - _UNBUDGETED
-                cap = _UNBUDGETED + held[1]
+                if not rest and held[0] and budget.tight:  # idle and others need it: give it back
+                    budget.give(held[0])
+                    held[0] = 0
+                if not held[0] and budget.try_take(_READ_AHEAD - _UNBUDGETED):
+                    held[0] = _READ_AHEAD - _UNBUDGETED
+                cap = _UNBUDGETED + held[0]
                 if avail >= 4 and 4 + size > cap:  # a big frame: read the rest as it comes, budgeted
                     buf, pos = b"", 0
+                    big = BigFrame()
                     try:
-                        frame = self._recv_exactly(sock, size - (len(rest) - 4), held, rest[4:])
-                        if frame is None:
+                        if not self._read_big_frame(sock, peer, memoryview(rest), size, big):
                             return
+                        assert big.mm is not None
+                        frame = big.mm[4 : 4 + size]
+                        big.unmap()  # its budget is held until the request is handled
                         if self._handle(sock, peer, frame, None) is None:
                             return
+                        del frame
                     finally:
-                        budget.give(held[0])
-                        held[0] = 0
+                        big.release(budget)
                     continue
                 data = sock.recv(cap - len(rest))
                 RECEIVING.note(threading.get_ident())  # a Thrift connection stops busy polling
@@ -207,7 +178,7 @@ class KafkaServer(TcpServer):
             out = self._handler.handle_frame(frame, peer)
         except ValueError as exc:
             self.metrics.bad_frames += 1
-            _limited.warning("kafka-bad-request", "closing Kafka connection from %s: %s", peer, exc)
+            _rate_limited.warning("kafka-bad-request", "closing Kafka connection from %s: %s", peer, exc)
             return None
         if out is None:
             return 0
@@ -222,19 +193,9 @@ class KafkaServer(TcpServer):
 
 
 def _send(sock: socket.socket, out: bytes | list[Any]) -> None:
-    """Send response frames: bytes, or buffers with scatter/gather writes (no joined
-    copy of a fetch's record batches)."""
+    """Send response frames (each carries its size): bytes, or buffers with
+    scatter/gather writes (no joined copy of a fetch's record batches)."""
     if isinstance(out, bytes):
         sock.sendall(out)
-        return
-    if sum(len(b) for b in out) < 65536:
-        sock.sendall(b"".join(out))
-        return
-    views = [memoryview(b).cast("B") for b in out]
-    while views:
-        sent = sock.sendmsg(views)
-        while views and sent >= views[0].nbytes:
-            sent -= views[0].nbytes
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
+    else:
+        send_parts(sock, out, header=False)

@@ -24,8 +24,9 @@ from idl import luxun_thrift as T
 from luxun.broker import FRAME_OVERHEAD_BYTES
 from luxun.config import DEFAULT_MAX_MESSAGE_SIZE_BYTES
 from luxun.metrics import Metrics
-from luxun.server import DEFAULT_MAX_BUFFERED_BYTES, ThriftServer
-from luxun.service import QueueHandler
+from luxun.net import DEFAULT_MAX_BUFFERED_BYTES
+from luxun.thrift.server import ThriftServer
+from luxun.thrift.service import QueueHandler
 from luxun.topics import TopicManager
 
 pytestmark = pytest.mark.timeout(180)

@@ -1,4 +1,4 @@
-"""Busy polling (``busy.poll.us``, luxun.server): a connection that has been the only one
+"""Busy polling (``busy.poll.us``, luxun.thrift.server): a connection that has been the only one
 receiving polls for its next call after answering; another connection receiving stops it,
 and 0 turns it off. Counted in ``luxun_busy_polls_total`` / ``luxun_busy_poll_hits_total``.
 
@@ -20,7 +20,7 @@ from idl import luxun_thrift as T
 
 pytestmark = pytest.mark.timeout(120)
 
-QUIET_S = 0.05  # luxun.server._BUSY_POLL_QUIET_S: alone this long before polling
+QUIET_S = 0.05  # luxun.thrift.server._BUSY_POLL_QUIET_S: alone this long before polling
 CALLS = 200
 
 

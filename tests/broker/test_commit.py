@@ -22,7 +22,7 @@ from thriftpy2.transport import TCyFramedTransportFactory
 
 from idl import QueueService
 from idl import luxun_thrift as T
-from luxun.service import GROUP_LEASE_S
+from luxun.thrift.service import GROUP_LEASE_S
 from tests._broker import free_port
 
 pytestmark = pytest.mark.timeout(60)

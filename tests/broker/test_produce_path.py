@@ -20,8 +20,8 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 from idl import QueueService
 from idl import luxun_thrift as T
 from luxun.metrics import Metrics
-from luxun.server import ThriftServer
-from luxun.service import QueueHandler
+from luxun.thrift.server import ThriftServer
+from luxun.thrift.service import QueueHandler
 from luxun.topics import TopicManager
 
 pytestmark = pytest.mark.timeout(120)

@@ -22,7 +22,7 @@ from idl import luxun_thrift as T
 from luxun.config import BrokerConfig, ConfigError
 from luxun.metrics import Metrics
 from luxun.retention import Maintenance
-from luxun.service import QueueHandler
+from luxun.thrift.service import QueueHandler
 from luxun.topics import QueueSnapshot, TopicManager
 from tests._broker import PASSWORD
 

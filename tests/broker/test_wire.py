@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import socket
-import threading
 from typing import Any
 
 import numpy as np
@@ -15,8 +13,7 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from idl import QueueService
 from idl import luxun_thrift as T
-from luxun.server import ThriftServer
-from luxun.wire import (
+from luxun.thrift.wire import (
     ItemBlob,
     consume_one_reply_frame,
     encode_consume_reply,
@@ -247,35 +244,3 @@ def test_parse_consume_call_leaves_everything_else_to_the_generic_path() -> None
     }
     for name, data in others.items():
         assert parse_consume_call(data, 0, len(data)) is None, name
-
-
-def test_send_parts_survives_partial_writes() -> None:
-    """A reply of several buffers, much bigger than the socket buffer, arrives whole."""
-    parts: list[Any] = [
-        b"head",
-        np.arange(3_000_000, dtype=np.int64).view(np.uint8).reshape(-1, 8),
-        memoryview(b"x" * 100_001)[1:],
-        b"",
-        b"tail",
-    ]
-    want = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
-    a, b = socket.socketpair()
-    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
-    got = bytearray()
-
-    def read() -> None:
-        while len(got) < 4 + len(want):
-            chunk = b.recv(65536)
-            if not chunk:
-                return
-            got.extend(chunk)
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    try:
-        ThriftServer._send_parts(a, parts)
-    finally:
-        reader.join(30)
-        a.close()
-        b.close()
-    assert bytes(got) == len(want).to_bytes(4, "big") + want

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode as E
 
-from luxun.kafka import KIND_KAFKA_BATCH
 from luxun.kafka.groups import GroupCoordinator
+from luxun.partitions import KIND_KAFKA_BATCH
 from luxun.topics import TopicManager
 
 from .test_groups import COMMIT, DELETE, DESCRIBE, FETCH, LIST, call, join_new, make, sync

@@ -1,4 +1,4 @@
-"""Record batches exactly as librdkafka (confluent-kafka) writes them, read by luxun.kafka.records.
+"""Record batches exactly as librdkafka (confluent-kafka) writes them, read by luxun.records.
 
 confluent-kafka produces to librdkafka's own in-process mock cluster
 (``test.mock.num.brokers``), which keeps each produced batch as sent; a Fetch v4 over a
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from clients.pack import decode_pack
-from luxun.kafka import records as R
+from luxun import records as R
 
 pytestmark = pytest.mark.timeout(60)
 

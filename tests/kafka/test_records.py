@@ -1,4 +1,4 @@
-"""luxun.kafka.records against batches written by kafka-python's own encoder (a client we did not write)."""
+"""luxun.records against batches written by kafka-python's own encoder (a client we did not write)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
 from clients.pack import decode_pack
-from luxun.kafka import records as R
+from luxun import records as R
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,7 +20,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from bigarray import FanoutQueue
 from clients.pack import decode_pack, encode_pack
 from idl import luxun_thrift as T
-from luxun.kafka import KIND_KAFKA_BATCH
+from luxun.partitions import KIND_KAFKA_BATCH
 from tests._broker import BrokerProcess
 
 pytestmark = pytest.mark.timeout(90)

@@ -291,7 +291,7 @@ def parse_produce_call(
     that is not UTF-8, lengths that do not fit): the caller takes the generic path.
     The item is a copy of the same type as ``buf`` (a ``bytearray`` from the server's
     receive buffer), except from a ``memoryview``: then it is a view into ``buf`` (a big
-    frame's own mapping, see luxun.server, is not copied again).
+    frame's own mapping, see luxun.thrift.server, is not copied again).
     """
     # The head, up to the item's length, in one unpack: which method it can be is told by
     # the length of its name (byte 7); the name is compared whole (in process, 1 KB items:

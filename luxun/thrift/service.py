@@ -89,7 +89,7 @@ from bigarray import (
 from bigarray.fanout import CommittedGroupError
 from idl import luxun_thrift as T
 
-from .errors import (
+from ..errors import (
     AllMessageConsumed,
     AuthenticationFailure,
     IndexOutOfBounds,
@@ -100,10 +100,10 @@ from .errors import (
     TopicIsEmpty,
     TopicNotExist,
 )
-from .kafka import KIND_KAFKA_BATCH, partition_of
-from .logs import RateLimitedLog
-from .metrics import Metrics
-from .topics import Topic, TopicAutoCreateDisabledError, TopicLimitError, TopicManager, is_fd_exhaustion
+from ..logs import RateLimitedLog
+from ..metrics import Metrics
+from ..partitions import KIND_KAFKA_BATCH, partition_of
+from ..topics import Topic, TopicAutoCreateDisabledError, TopicLimitError, TopicManager, is_fd_exhaustion
 from .wire import ItemBlob
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ _OK = T.Result(resultCode=SUCCESS)
 #: The ConsumeRequest fields QueueHandler.consume_single serves (others: the general path).
 _SINGLE_FIELDS: Final = frozenset({"topic", "fanoutId", "startIndex", "maxFetchSize", "maxWaitMs"})
 
-# A Kafka record batch's header size and where its magic is (luxun.kafka.records).
+# A Kafka record batch's header size and where its magic is (luxun.records).
 _BATCH_HEADER_SIZE: Final = 61
 _BATCH_MAGIC_AT: Final = 16
 # Up to this many items, _may_hold_batches looks at each in Python (cheaper than numpy's set-up).
@@ -344,8 +344,8 @@ class QueueHandler:
         return response
 
     def consume_for_wire(self, request: Any, views: bool = False) -> Any:
-        """:meth:`consume` for :func:`luxun.wire.encode_consume_reply`: a fetch's
-        ``itemList`` may be an :class:`~luxun.wire.ItemBlob` (lengths + one bytes
+        """:meth:`consume` for :func:`luxun.thrift.wire.encode_consume_reply`: a fetch's
+        ``itemList`` may be an :class:`~luxun.thrift.wire.ItemBlob` (lengths + one bytes
         object) instead of a list, which saves a ``bytes`` object per item.
 
         ``views``: the blob's data may be a view of the storage page, not a copy
@@ -380,7 +380,7 @@ class QueueHandler:
         head)), else None, and nothing was read or moved: then :meth:`consume_for_wire`
         answers it (errors, long polls, fetches, the extensions).
 
-        ``fields``: the request's fields as :func:`luxun.wire.parse_consume_call` gives
+        ``fields``: the request's fields as :func:`luxun.thrift.wire.parse_consume_call` gives
         them. The reply is :meth:`consume_for_wire`'s for the same call, byte for byte,
         and the call is counted in the same metrics.
         """
@@ -533,7 +533,7 @@ class QueueHandler:
     ) -> list[bytes] | ItemBlob:
         """What a Thrift consumer gets of Kafka record batches (items of kind
         ``KIND_KAFKA_BATCH``): each becomes one Luxun message pack of its records' values
-        (:func:`luxun.kafka.records.batch_to_pack`); every other item passes untouched.
+        (:func:`luxun.records.batch_to_pack`); every other item passes untouched.
 
         ``items`` start at index ``first`` (None: one item taken by a group's dequeue).
         Only an item whose byte 16 is 2 (a batch's magic; a Luxun pack has 0 there) can
@@ -576,7 +576,7 @@ class QueueHandler:
     def _batch_as_pack(self, name: str, index: int | None, item: bytes) -> bytes:
         """One stored Kafka batch as a Luxun pack; a batch that does not read (corrupt,
         or over batch_to_pack's size limit) is handed over as stored, and logged."""
-        from .kafka.records import BatchError, batch_to_pack  # the codecs load on first use
+        from ..records import BatchError, batch_to_pack  # the codecs load on first use
 
         try:
             return batch_to_pack(item)
