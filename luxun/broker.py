@@ -191,13 +191,13 @@ class Broker:
             max_open_topics=config.max_open_topics,
             max_topics=config.max_topics,
             auto_create=config.auto_create_topics,
+            flush_count=config.flush_count,
         )
         try:
             self.handler = QueueHandler(
                 self.topics,
                 broker_id=config.broker_id,
                 max_message_size_bytes=config.max_message_size_bytes,
-                flush_count=config.flush_count,
                 password_check=_password_check(config),
                 metrics=self.metrics,
             )

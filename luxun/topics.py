@@ -21,12 +21,22 @@ Lifecycle of a topic:
   meanwhile waits for the creation to finish, so a topic is never visible empty
   because it is being created. A creation that fails (too many open files, full
   disk, ...) leaves no directory behind.
-* **Deletion** closes the topic (in-flight appends finish first), then renames its
-  directory to ``.luxun-deleted-<random hex>`` before the name can be used again, and
-  removes that directory in a background thread. A re-created topic thus never shares
-  a file with the old one. Leftover ``.luxun-deleted-*`` directories (a crash during
-  removal) are removed at start. Java Luxun would take such a directory for a topic,
-  so do not hand a data directory to Java Luxun while one exists.
+* **Appending** (:meth:`TopicManager.append`) is one method for every door: it opens or
+  creates the topic, retries on a topic closed under it, counts the topic's stats,
+  applies ``log.flush.count`` (msync after that many appended items), wakes waiting
+  consumers, and turns storage failures (a full disk, too many open files) into one
+  logged :class:`TopicStorageError` that each door answers with its own code.
+* **Deletion** (:meth:`TopicManager.delete`, whichever door asks) takes the topic's Kafka
+  partitions (``T~p``, see :mod:`luxun.partitions`) with it, and with the directories
+  every group position and committed offset in them; the doors' in-memory state about
+  a deleted topic (Kafka producer sequences, group metadata, Thrift member leases)
+  goes through the listeners added with :meth:`TopicManager.add_delete_listener`. It
+  closes the topic (in-flight appends finish first), then renames its directory to
+  ``.luxun-deleted-<random hex>`` before the name can be used again, and removes that
+  directory in a background thread. A re-created topic thus never shares a file with
+  the old one. Leftover ``.luxun-deleted-*`` directories (a crash during removal) are
+  removed at start. Java Luxun would take such a directory for a topic, so do not hand
+  a data directory to Java Luxun while one exists.
 
 Names starting with ``.luxun`` are the broker's own (lock file, deleted topics) and
 refused as topic names.
@@ -53,12 +63,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bigarray import ArrayClosedError, FanoutQueue, InvalidNameError, validate_name
+from bigarray import ArrayClosedError, DiskFullError, FanoutQueue, InvalidNameError, validate_name
 from bigarray import format as fmt
 
 from .config import DEFAULT_MAX_OPEN_TOPICS
 from .errors import DataDirLockedError
 from .logs import RateLimitedLog
+from .partitions import KIND_LUXUN, partition_of
 
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
@@ -82,6 +93,16 @@ class TopicLimitError(RuntimeError):
 
 class TopicAutoCreateDisabledError(TopicLimitError):
     """Produce to an unknown topic while ``auto.create.topics.enable`` is false."""
+
+
+class UnknownTopicError(LookupError):
+    """An append with ``create=False`` to a topic that does not exist (or was deleted)."""
+
+
+class TopicStorageError(RuntimeError):
+    """Storage refused an append: a full disk, too many open files, an I/O error. Logged
+    once (rate-limited) by :meth:`TopicManager.append`; the cause is ``__cause__``.
+    Nothing of the append was stored."""
 
 
 @dataclass
@@ -220,6 +241,8 @@ class TopicManager:
         max_topics: most topics that may exist; 0: no limit.
         auto_create: create a topic on its first produce (else produce to an unknown
             topic fails with :class:`TopicAutoCreateDisabledError`).
+        flush_count: msync a topic after this many appended items (``log.flush.count``;
+            <= 0: never), whichever door appends.
     """
 
     def __init__(
@@ -231,8 +254,11 @@ class TopicManager:
         max_open_topics: int = DEFAULT_MAX_OPEN_TOPICS,
         max_topics: int = 0,
         auto_create: bool = True,
+        flush_count: int = 0,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
+        self.flush_count = flush_count
+        self._delete_listeners: list[Callable[[str], None]] = []
         self._page_size = data_page_size_bytes
         self._max_cached_pages = max_cached_pages
         self.max_open_topics = max(1, max_open_topics)
@@ -367,8 +393,75 @@ class TopicManager:
         log.debug("opened topic %r: %d items (indexes %d..%d)", name, queue.size(), queue.tail, queue.head)
         return topic
 
+    def append(
+        self,
+        name: str,
+        items: Sequence[bytes | bytearray | memoryview],
+        counts: Sequence[int] | None = None,
+        kind: int = KIND_LUXUN,
+        *,
+        create: bool = True,
+    ) -> tuple[Topic, int]:
+        """Append ``items`` to topic ``name``: ``(topic, index of the first item)``. The
+        one append of every door.
+
+        ``counts``: record offsets each item holds (a Kafka batch holds its records;
+        default one each), ``kind``: the items' kind (:mod:`luxun.partitions`).
+        ``create``: create the topic if it does not exist (a produce; refused as
+        :meth:`create_and_append` says); else :class:`UnknownTopicError`. A topic
+        closed under the append (to make room, or deleted) is looked up again: nothing
+        was appended by the failed attempt. Then the topic's stats count the records
+        and bytes, ``flush_count`` is applied, and waiting consumers are woken.
+
+        Raises:
+            bigarray.InvalidNameError, TopicLimitError, TopicAutoCreateDisabledError:
+                as :meth:`create_and_append`.
+            UnknownTopicError: ``create=False`` and no such topic.
+            bigarray.ItemTooLargeError: an item does not fit a data page.
+            TopicStorageError: a full disk, too many open files, an I/O error (logged).
+            ArrayClosedError: the broker is shutting down.
+        """
+        # The hot path (an open topic) is written out: one lookup, one enqueue.
+        topic = self._open.get(name)
+        try:
+            if topic is not None:
+                topic.used = True
+                try:
+                    index = self._append(topic.queue, items, counts, kind)
+                except ArrayClosedError:  # closed to make room, or deleted, under us: nothing was appended
+                    topic, index = self.create_and_append(name, items, counts, kind, create=create)
+            else:  # not open, not existing, or being created: the slow path
+                topic, index = self.create_and_append(name, items, counts, kind, create=create)
+        except DiskFullError as exc:
+            _limited.error("disk-full", "append to topic %r failed: %s", name, exc)
+            raise TopicStorageError(str(exc)) from exc
+        except OSError as exc:
+            if is_fd_exhaustion(exc):
+                _limited.error("fd-limit", "append to topic %r failed: %s", name, exc)
+            else:
+                _limited.exception("append-io", "append to topic %r failed", name)
+            raise TopicStorageError(f"cannot append to topic {name!r}: {exc}") from exc
+        stats = topic.stats
+        n = len(items)
+        stats.items_in += n if counts is None else int(sum(counts))
+        stats.bytes_in += len(items[0]) if n == 1 else sum(map(len, items))
+        if self.flush_count > 0:
+            stats.unflushed += n
+            if stats.unflushed >= self.flush_count:
+                stats.unflushed = 0
+                topic.queue.flush()
+        topic.notify()
+        return topic, index
+
     def create_and_append(
-        self, name: str, items: Sequence[bytes | bytearray | memoryview], *, explicit: bool = False
+        self,
+        name: str,
+        items: Sequence[bytes | bytearray | memoryview],
+        counts: Sequence[int] | None = None,
+        kind: int = KIND_LUXUN,
+        *,
+        explicit: bool = False,
+        create: bool = True,
     ) -> tuple[Topic, int]:
         """Append ``items`` to topic ``name``, creating (or opening) it first if needed;
         ``(topic, index of the first item)``.
@@ -376,7 +469,9 @@ class TopicManager:
         A new topic is created with ``items`` already in it before any other thread can
         see it. If the creation or the first append fails, the topic is not created.
         ``explicit``: a request to create it (Kafka's CreateTopics), which
-        ``auto.create.topics.enable=false`` does not refuse.
+        ``auto.create.topics.enable=false`` does not refuse. ``create=False``: never
+        create it (:class:`UnknownTopicError`). No stats, flush or notify: that is
+        :meth:`append`'s.
 
         Raises:
             bigarray.InvalidNameError: the name breaks the topic naming rules.
@@ -389,11 +484,13 @@ class TopicManager:
             topic = self.get(name) or self.open(name)
             if topic is not None:
                 try:
-                    return topic, self._append(topic.queue, items)
+                    return topic, self._append(topic.queue, items, counts, kind)
                 except ArrayClosedError:
                     if self._closed or time.monotonic() > deadline:
                         raise
                     continue  # closed or deleted under us: look again
+            if not create:
+                raise UnknownTopicError(f"topic {name!r} does not exist")
             self.validate(name)
             with self._lock:
                 if self._closed:
@@ -420,7 +517,7 @@ class TopicManager:
                     raise TimeoutError(f"topic {name!r} stayed busy (opening, closing or deleting) for too long")
                 continue
             try:
-                return self._create(name, items)
+                return self._create(name, items, counts, kind)
             finally:
                 with self._lock:
                     self._creating -= 1
@@ -433,10 +530,16 @@ class TopicManager:
         return self.create_and_append(name, [], explicit=True)[0]
 
     @staticmethod
-    def _append(queue: FanoutQueue, items: Sequence[bytes | bytearray | memoryview]) -> int:
-        return queue.enqueue(items[0]) if len(items) == 1 else queue.enqueue_many(items)
+    def _append(
+        queue: FanoutQueue, items: Sequence[bytes | bytearray | memoryview], counts: Sequence[int] | None, kind: int
+    ) -> int:
+        if len(items) == 1:
+            return queue.enqueue(items[0], 1 if counts is None else counts[0], kind)
+        return queue.enqueue_many(items, counts, kind)
 
-    def _create(self, name: str, items: Sequence[bytes | bytearray | memoryview]) -> tuple[Topic, int]:
+    def _create(
+        self, name: str, items: Sequence[bytes | bytearray | memoryview], counts: Sequence[int] | None, kind: int
+    ) -> tuple[Topic, int]:
         """Create topic ``name`` holding ``items`` (the caller holds its busy mark)."""
         self._make_room()
         path = os.path.join(self.data_dir, name)
@@ -449,7 +552,7 @@ class TopicManager:
             except FileExistsError:
                 pass  # a directory put there from outside: it is taken as the topic's
             queue = self._open_queue(path)
-            index = self._append(queue, items)
+            index = self._append(queue, items, counts, kind)
         except BaseException:
             if queue is not None:
                 with contextlib.suppress(Exception):
@@ -511,11 +614,24 @@ class TopicManager:
                 self._release(topic.name, busy)
 
     # -- deletion ----------------------------------------------------------------------
-    def delete(self, name: str) -> bool:
-        """Delete a topic and its files; False if it did not exist.
+    def add_delete_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(name)`` after each luxun topic is deleted (a door forgets what it
+        keeps in memory about it). A listener that raises is logged and skipped."""
+        self._delete_listeners.append(listener)
 
-        When this returns, the name is free: a produce creates a new, empty topic.
+    def delete(self, name: str) -> bool:
+        """Delete a topic, its Kafka partitions (``name~p``) and their files (group
+        positions and committed offsets live there); False if none of them existed.
+
+        When this returns, the names are free: a produce creates a new, empty topic.
         """
+        partitions = [other for other in self.names() if partition_of(other)[0] == name and other != name]
+        found = self._delete_one(name)
+        for other in partitions:
+            found = self._delete_one(other) or found
+        return found
+
+    def _delete_one(self, name: str) -> bool:
         deadline = time.monotonic() + _BUSY_WAIT_S
         while True:
             with self._lock:
@@ -539,6 +655,11 @@ class TopicManager:
             self._discard(os.path.join(self.data_dir, name))
         finally:
             self._release(name, busy)
+        for listener in self._delete_listeners:
+            try:
+                listener(name)
+            except Exception:
+                log.exception("forgetting deleted topic %r failed", name)
         log.info("deleted topic %r", name)
         return True
 
@@ -716,6 +837,8 @@ __all__ = [
     "TopicAutoCreateDisabledError",
     "TopicLimitError",
     "TopicManager",
+    "TopicStorageError",
     "TopicView",
+    "UnknownTopicError",
     "is_fd_exhaustion",
 ]

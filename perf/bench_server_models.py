@@ -155,12 +155,11 @@ BUDGETS: dict[str, tuple[float, float, str]] = {
 def make_handler(data_dir: str) -> tuple[TopicManager, QueueHandler]:
     """The broker's handler on ``data_dir``, configured as ``luxun.broker.Broker`` does with
     the default config (no maintenance thread: no model has one)."""
-    topics = TopicManager(data_dir, data_page_size_bytes=DEFAULT_DATA_PAGE_SIZE_BYTES)
+    topics = TopicManager(data_dir, data_page_size_bytes=DEFAULT_DATA_PAGE_SIZE_BYTES, flush_count=DEFAULT_FLUSH_COUNT)
     handler = QueueHandler(
         topics,
         broker_id=0,
         max_message_size_bytes=DEFAULT_MAX_MESSAGE_SIZE_BYTES,
-        flush_count=DEFAULT_FLUSH_COUNT,
         password_check=lambda given: given == PASSWORD,
         metrics=Metrics(),
     )

@@ -41,11 +41,11 @@ from typing import Any, Final
 
 import numpy as np
 
-from bigarray import ArrayClosedError, DiskFullError, InvalidNameError, ItemTooLargeError
+from bigarray import ArrayClosedError, InvalidNameError, ItemTooLargeError
 
 from .. import records as rec
-from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_topic
-from ..topics import Topic, TopicLimitError, TopicManager
+from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
+from ..topics import Topic, TopicLimitError, TopicManager, TopicStorageError, UnknownTopicError
 
 __all__ = ["FetchResult", "KafkaLog", "ProduceResult", "TopicInfo", "legal_topic_name"]
 
@@ -166,6 +166,17 @@ class KafkaLog:
         self._states_lock = threading.Lock()
         self._producer_ids = int(time.time() * 1000) << 10
         self._producer_lock = threading.Lock()
+        topics.add_delete_listener(self._forget)
+
+    def _forget(self, name: str) -> None:
+        """A luxun topic was deleted (by either door): its producer sequences and, for a
+        partition 0, its topic's settings go with it."""
+        with self._states_lock:
+            self._states.pop(name, None)
+        topic, partition = partition_of(name)
+        if partition == 0:
+            with self._infos_lock:
+                self._infos.pop(topic, None)
 
     # -- topics ------------------------------------------------------------------------
     def _settings_path(self, topic: str) -> str:
@@ -252,16 +263,9 @@ class KafkaLog:
     def delete(self, topic: str) -> tuple[int, str | None]:
         if not self.delete_enable:
             return TOPIC_DELETION_DISABLED, "topic deletion is disabled (delete.topic.enable=false)"
-        info = self.describe(topic)
-        if info is None:
+        if self.describe(topic) is None:
             return UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist"
-        with self._infos_lock:
-            self._infos.pop(topic, None)
-        for p in range(info.partitions):
-            name = partition_topic(topic, p)
-            self.topics.delete(name)
-            with self._states_lock:
-                self._states.pop(name, None)
+        self.topics.delete(topic)  # with its partitions; _forget drops what we keep of them
         return NONE, None
 
     # -- partitions --------------------------------------------------------------------
@@ -310,28 +314,29 @@ class KafkaLog:
                     return self._append(part, state, batches, info.timestamp_type == "LogAppendTime")
             except ArrayClosedError:
                 continue  # closed to make room, or deleted: look again
+            except UnknownTopicError:
+                return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
             except ItemTooLargeError as exc:
                 return ProduceResult(error=MESSAGE_TOO_LARGE, message=str(exc))
-            except DiskFullError as exc:
+            except TopicStorageError as exc:  # logged by the topic manager
                 return ProduceResult(error=KAFKA_STORAGE_ERROR, message=str(exc))
         return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
 
     def _append(self, part: Topic, state: _PartitionState, batches: Sequence[Any], log_append: bool) -> ProduceResult:
-        array = part.queue.array
         if not state.rebuilt:
-            self._rebuild_producers(array, state)
+            self._rebuild_producers(part.queue, state)
         duplicate = self._check_sequences(state, batches)
         if isinstance(duplicate, ProduceResult):
-            duplicate.log_start_offset = array.log_start_offset
+            duplicate.log_start_offset = part.queue.log_start_offset
             return duplicate
         now = int(time.time() * 1000)
         items = [rec.with_log_append_time(b.data, now) if log_append else b.data for b in batches]
         counts = [b.record_count for b in batches]
-        if len(items) == 1:  # one batch per partition, as clients send: no numpy on the way
-            first = array.append(items[0], counts[0], KIND_KAFKA_BATCH)
-        else:
-            first = array.append_many(items, counts, KIND_KAFKA_BATCH)
-        base = array.first_offset(first)
+        # The topic manager's one append (stats, log.flush.count, wake-ups, storage errors);
+        # never creates a partition: CreateTopics and auto-creation do (self.create).
+        part, first = self.topics.append(part.name, items, counts, KIND_KAFKA_BATCH, create=False)
+        queue = part.queue
+        base = queue.first_offset(first)
         offset = base
         for b in batches:
             if b.producer_id >= 0:
@@ -339,12 +344,8 @@ class KafkaLog:
                 ps.epoch = b.producer_epoch
                 ps.batches.append((b.base_sequence, b.base_sequence + b.record_count - 1, offset))
             offset += b.record_count
-        stats = part.stats
-        stats.items_in += sum(counts)
-        stats.bytes_in += sum(len(i) for i in items)
-        part.notify()
         return ProduceResult(
-            base_offset=base, log_append_time=now if log_append else -1, log_start_offset=array.log_start_offset
+            base_offset=base, log_append_time=now if log_append else -1, log_start_offset=queue.log_start_offset
         )
 
     @staticmethod
@@ -375,6 +376,7 @@ class KafkaLog:
 
     @staticmethod
     def _rebuild_producers(array: Any, state: _PartitionState) -> None:
+        """``array``: the partition's queue (a FanoutQueue, or its BigArray)."""
         """Producer sequences of the partition's last batches (after a restart)."""
         state.rebuilt = True
         head, tail = array.head, array.tail
@@ -412,7 +414,7 @@ class KafkaLog:
         return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
 
     def _read(self, part: Topic, offset: int, max_bytes: int) -> FetchResult:
-        array = part.queue.array
+        array = part.queue
         start, end = array.log_start_offset, array.next_offset
         if offset < start or offset > end:
             return FetchResult(error=OFFSET_OUT_OF_RANGE, high_watermark=end, log_start_offset=start)
@@ -472,7 +474,7 @@ class KafkaLog:
         part = self._partition(topic, partition)
         if part is None:
             return UNKNOWN_TOPIC_OR_PARTITION, -1, -1
-        array = part.queue.array
+        array = part.queue
         if timestamp == -1:
             return NONE, array.next_offset, -1
         if timestamp == -2:

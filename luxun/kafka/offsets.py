@@ -69,6 +69,13 @@ class OffsetStore:
         self._lock = threading.Lock()
         #: (group, luxun topic) -> the metadata of the last commit (in memory only).
         self._metadata: dict[tuple[str, str], str] = {}
+        topics.add_delete_listener(self._forget)
+
+    def _forget(self, name: str) -> None:
+        """Luxun topic ``name`` was deleted (by either door): its commits' metadata goes too."""
+        with self._lock:
+            for key in [k for k in self._metadata if k[1] == name]:
+                del self._metadata[key]
 
     def commit(self, group: str, topic: str, partition: int, offset: int, metadata: str | None) -> ErrorCode:
         """Commit ``offset`` (the next record the group reads) of ``group`` on

@@ -80,7 +80,6 @@ import numpy as np
 
 from bigarray import (
     ArrayClosedError,
-    DiskFullError,
     IndexOutOfRangeError,
     InvalidNameError,
     ItemTooLargeError,
@@ -102,8 +101,15 @@ from ..errors import (
 )
 from ..logs import RateLimitedLog
 from ..metrics import Metrics
-from ..partitions import KIND_KAFKA_BATCH, partition_of
-from ..topics import Topic, TopicAutoCreateDisabledError, TopicLimitError, TopicManager, is_fd_exhaustion
+from ..partitions import KIND_KAFKA_BATCH
+from ..topics import (
+    Topic,
+    TopicAutoCreateDisabledError,
+    TopicLimitError,
+    TopicManager,
+    TopicStorageError,
+    is_fd_exhaustion,
+)
 from .wire import ItemBlob
 
 log = logging.getLogger(__name__)
@@ -176,7 +182,6 @@ class QueueHandler:
         topics: the topic manager.
         broker_id: named in error messages, as Java Luxun does.
         max_message_size_bytes: largest item accepted by produce.
-        flush_count: msync a topic after this many appended items (<= 0: never).
         password_check: ``password_check(given) -> bool`` for deleteTopic.
         metrics: where call counts, errors and latencies go.
     """
@@ -187,14 +192,12 @@ class QueueHandler:
         *,
         broker_id: int,
         max_message_size_bytes: int,
-        flush_count: int,
         password_check: Any,
         metrics: Metrics,
     ) -> None:
         self.topics = topics
         self.broker_id = broker_id
         self.max_message_size = max_message_size_bytes
-        self.flush_count = flush_count
         self.password_check = password_check
         self.metrics = metrics
         self._last_async_warning = -_WARN_EVERY_S
@@ -202,6 +205,7 @@ class QueueHandler:
         self.group_lease_s = GROUP_LEASE_S
         self._leases: dict[tuple[str, str], tuple[str, float]] = {}
         self._leases_lock = threading.Lock()
+        topics.add_delete_listener(self._forget_leases)
         #: True while another connection holds input not processed yet; the server
         #: sets it (ThriftServer.input_pending). In process: nothing is ever pending.
         self.input_pending: Callable[[], bool] = lambda: False
@@ -281,33 +285,14 @@ class QueueHandler:
                         message, _WARN_EVERY_S)  # fmt: skip
 
     def _append(self, name: str, items: Sequence[bytes | bytearray | memoryview], call: str) -> tuple[Any, int]:
-        """Append ``items`` (each within the size limit unless alone) to topic ``name``."""
+        """Append ``items`` (each within the size limit unless alone) to topic ``name``
+        through the topic manager's one append; its errors as Java Luxun's Results."""
         try:
             if len(items) == 1:
                 size = len(items[0])
                 if size > self.max_message_size:
                     return MessageSizeTooLarge(name, size, self.max_message_size).to_result(), 0
-            else:
-                size = sum(map(len, items))
-            topic = self.topics.get(name)
-            if topic is None:  # not open, not existing, or being created: the slow path
-                topic, index = self.topics.create_and_append(name, items)
-            else:
-                try:
-                    queue = topic.queue
-                    index = queue.enqueue(items[0]) if len(items) == 1 else queue.enqueue_many(items)
-                except ArrayClosedError:  # closed to make room, or deleted, under us: nothing was appended
-                    topic, index = self.topics.create_and_append(name, items)
-            stats = topic.stats
-            stats.items_in += len(items)
-            stats.bytes_in += size
-            if self.flush_count > 0:
-                stats.unflushed += len(items)
-                if stats.unflushed >= self.flush_count:
-                    stats.unflushed = 0
-                    topic.queue.flush()
-            topic.notify()
-            return _OK, index
+            return _OK, self.topics.append(name, items)[1]
         except InvalidNameError as exc:
             return InvalidTopic(name, str(exc)).to_result(), 0
         except ItemTooLargeError as exc:
@@ -318,14 +303,10 @@ class QueueHandler:
             return InternalError(f"broker {self.broker_id}: {exc}").to_result(), 0
         except ArrayClosedError:
             return self._not_exist(name), 0
-        except DiskFullError as exc:
-            _limited.error("disk-full", "%s to topic %r failed: %s", call, name, exc)
+        except TopicStorageError as exc:  # logged by the topic manager
             return InternalError(f"broker {self.broker_id}: {exc}").to_result(), 0
         except Exception as exc:
-            if is_fd_exhaustion(exc):
-                _limited.error("fd-limit", "%s to topic %r failed: %s", call, name, exc)
-            else:
-                _limited.exception("append-" + call, "%s to topic %r failed", call, name)
+            _limited.exception("append-" + call, "%s to topic %r failed", call, name)
             return self._internal(exc), 0
 
     def _not_exist(self, name: str) -> Any:
@@ -674,12 +655,7 @@ class QueueHandler:
                 result = AuthenticationFailure(name, "authentication failed").to_result()
             else:
                 validate_name(name, what="topic")
-                self.topics.delete(name)
-                # A Kafka topic's partitions p > 0 (luxun topics "<name>~p") go with it.
-                for other in self.topics.names():
-                    topic, partition = partition_of(other)
-                    if partition and topic == name:
-                        self.topics.delete(other)
+                self.topics.delete(name)  # with its Kafka partitions, whichever door made them
                 result = _OK
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
@@ -834,6 +810,12 @@ class QueueHandler:
             if len(self._leases) > 4096:  # forget expired leases now and then
                 self._leases = {k: v for k, v in self._leases.items() if v[1] > now}
             return None
+
+    def _forget_leases(self, name: str) -> None:
+        """Topic ``name`` was deleted (by either door): its groups' member leases go too."""
+        with self._leases_lock:
+            for key in [k for k in self._leases if k[0] == name]:
+                del self._leases[key]
 
     def _release_lease(self, name: str, group: str, member: str) -> None:
         """Drop ``member``'s lease on (topic, group), if it holds it."""

@@ -235,7 +235,7 @@ def test_input_budget_makes_connections_wait_then_closes_a_stuck_one(tmp_path: P
     server = ThriftServer(
         QueueService,
         QueueHandler(
-            topics, broker_id=0, max_message_size_bytes=1000, flush_count=0,
+            topics, broker_id=0, max_message_size_bytes=1000,
             password_check=lambda _: False, metrics=metrics,
         ),
         "127.0.0.1", 0, max_frame_bytes=1 << 20, metrics=metrics,

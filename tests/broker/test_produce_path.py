@@ -196,7 +196,7 @@ def serve_stream(tmp_path: Path, stream: bytes, chunk: int | None, *, item_limit
     metrics = Metrics()
     topics = TopicManager(tmp_path / "data", data_page_size_bytes=4 * item_limit)
     handler = QueueHandler(
-        topics, broker_id=0, max_message_size_bytes=item_limit, flush_count=0,
+        topics, broker_id=0, max_message_size_bytes=item_limit,
         password_check=lambda _: False, metrics=metrics,
     )  # fmt: skip
     server = ThriftServer(QueueService, handler, "127.0.0.1", 0, max_frame_bytes=item_limit + 4096, metrics=metrics)
@@ -304,7 +304,7 @@ def test_fetches_are_sent_from_the_pages_and_give_them_back(tmp_path: Path, size
     metrics = Metrics()
     topics = TopicManager(tmp_path / "data", data_page_size_bytes=64 * 1024)
     handler = QueueHandler(
-        topics, broker_id=0, max_message_size_bytes=64 * 1024, flush_count=0,
+        topics, broker_id=0, max_message_size_bytes=64 * 1024,
         password_check=lambda _: False, metrics=metrics,
     )  # fmt: skip
     server = ThriftServer(QueueService, handler, "127.0.0.1", 0, max_frame_bytes=1 << 20, metrics=metrics)

@@ -263,9 +263,7 @@ def test_metrics_show_topics_that_are_not_open(broker_factory: Any, tmp_path: Pa
 
 
 def handler_for(topics: TopicManager) -> QueueHandler:
-    return QueueHandler(
-        topics, broker_id=0, max_message_size_bytes=1 << 20, flush_count=0, password_check=None, metrics=Metrics()
-    )
+    return QueueHandler(topics, broker_id=0, max_message_size_bytes=1 << 20, password_check=None, metrics=Metrics())
 
 
 def test_closed_topics_keep_items_groups_and_counters(tmp_path: Path) -> None:
