@@ -206,7 +206,7 @@ def _checked(response: Any) -> Any:
     """``response``, or the BrokerError of its failed Result."""
     result = response.result
     if result.resultCode != T.ResultCode.SUCCESS:
-        raise broker_error(result.resultCode, result.errorCode, result.errorMessage)
+        raise broker_error(result.resultCode, result.errorCode, result.errorMessage, response)
     return response
 
 

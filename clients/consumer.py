@@ -61,8 +61,6 @@ DEFAULT_FETCH_BYTES = 1 << 20
 EARLIEST = -1
 LATEST = -2
 _NOTHING_YET = (AllMessagesConsumedError, TopicIsEmptyError, TopicNotExistError)
-#: In the broker's TRY_LATER message when another member holds the group (see luxun.thrift.service).
-_HELD_BY_ANOTHER = "is read by member"
 _NONE = object()
 
 
@@ -606,7 +604,7 @@ class StreamConsumer:
                 try:
                     response = conn.checked("consume", request)
                 except _NOTHING_YET as exc:
-                    if _HELD_BY_ANOTHER in str(exc):
+                    if getattr(exc.response, "heldBy", None):  # another member holds the group
                         with tracker.lock:
                             if state.gen == gen and state.fetch_next is not None:
                                 log.warning("%s; reading %r from %s again from the committed position once it can",

@@ -38,7 +38,7 @@ of a BrokerError is True exactly when the broker said ``TRY_LATER``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
 from idl import ERROR_CODE_NAMES
 from idl import luxun_thrift as _T
@@ -92,11 +92,14 @@ class BrokerError(LuxunClientError):
     #: The name of the IDL ``ErrorCode`` a subclass stands for (None: any code).
     error_name: ClassVar[str | None] = None
 
-    def __init__(self, code: int, message: str, *, retriable: bool = False) -> None:
+    def __init__(self, code: int, message: str, *, retriable: bool = False, response: Any = None) -> None:
         super().__init__(f"{ERROR_CODE_NAMES.get(code, f'error code {code}')}: {message}")
         self.code = code
         self.broker_message = message
         self.retriable = retriable
+        #: The whole reply the Result came in (None when not known): its other fields
+        #: (e.g. ``ConsumeResponse.heldBy``) tell a client what to do, never the text.
+        self.response = response
 
 
 class InternalBrokerError(BrokerError):
@@ -167,11 +170,12 @@ BROKER_ERRORS: Final[Mapping[int, type[BrokerError]]] = {
 RESULT_TRY_LATER: Final[int] = _T.ResultCode.TRY_LATER
 
 
-def broker_error(result_code: int, error_code: int | None, message: str | None) -> BrokerError:
-    """The exception for a failed ``Result`` (unknown codes are kept as BrokerError)."""
+def broker_error(result_code: int, error_code: int | None, message: str | None, response: Any = None) -> BrokerError:
+    """The exception for a failed ``Result`` (unknown codes are kept as BrokerError);
+    ``response``: the reply it came in."""
     code = -1 if error_code is None else error_code
     cls = BROKER_ERRORS.get(code, BrokerError)
-    return cls(code, message or "", retriable=result_code == RESULT_TRY_LATER)
+    return cls(code, message or "", retriable=result_code == RESULT_TRY_LATER, response=response)
 
 
 __all__ = [

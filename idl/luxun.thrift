@@ -106,6 +106,11 @@ struct ConsumeResponse {
     // the index of itemList's first item (by index and by fanout id alike).
     4: optional list<i64> timestampList,
     5: optional i64 firstIndex,
+    // EXTENSION (luxun-py), with fromCommitted and a memberId: set (with TRY_LATER /
+    // ALL_MESSAGE_CONSUMED) when another member holds the (topic, group) on this
+    // broker: that member's id. The asking member reads again from the committed
+    // position once the holder's lease runs out (see commitOffset).
+    6: optional string heldBy,
 }
 
 struct FindClosestIndexByTimeRequest {

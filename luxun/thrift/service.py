@@ -165,6 +165,19 @@ def _may_hold_batches(items: ItemBlob) -> bool:
     return bool((np.frombuffer(data, dtype=np.uint8)[at] == 2).any())
 
 
+class _GroupHeld(AllMessageConsumed):
+    """A ``fromCommitted`` consume by a member while another member holds the group:
+    TRY_LATER/ALL_MESSAGE_CONSUMED, with the holder in ``ConsumeResponse.heldBy``."""
+
+    def __init__(self, name: str, group: str, holder: str, broker_id: int) -> None:
+        super().__init__(name, fanout_id=group)
+        self.holder = holder
+        self.args = (
+            f"group {group!r} of topic {name!r} is read by member {holder!r} on broker {broker_id}; "
+            "try later (its lease runs out after it stops reading)",
+        )
+
+
 def _result(code: int, error: int, message: str) -> Any:
     return T.Result(resultCode=code, errorCode=error, errorMessage=message)
 
@@ -496,7 +509,11 @@ class QueueHandler:
             return reply(_OK, items)
         except InvalidNameError as exc:  # the group's name: the topic's was checked above
             return reply(_invalid_fanout(exc))
-        except LuxunError as exc:  # from _committed_start
+        except _GroupHeld as exc:  # from _committed_start: the holder in its own field
+            response = reply(exc.to_result())
+            response.heldBy = exc.holder
+            return response
+        except LuxunError as exc:
             return reply(exc.to_result())
         except CommittedGroupError:
             return reply(self._committed_group(name, group))
@@ -832,12 +849,7 @@ class QueueHandler:
         if member:
             holder = self._take_lease(name, group, member)
             if holder is not None:
-                error = AllMessageConsumed(name, fanout_id=group)
-                error.args = (
-                    f"group {group!r} of topic {name!r} is read by member {holder!r} on broker {self.broker_id}; "
-                    "try later (its lease runs out after it stops reading)",
-                )
-                raise error
+                raise _GroupHeld(name, group, holder, self.broker_id)
         start = request.startIndex
         if start is not None and start >= 0:
             return int(start)

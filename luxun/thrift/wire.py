@@ -168,6 +168,10 @@ def _extension_parts(response: Any, parts: list[Any]) -> None:
         parts.append(struct.pack(f">bhbi{len(times)}q", _T_LIST, 4, _T_I64, len(times), *times))
     if response.firstIndex is not None:
         parts.append(struct.pack(">bhq", _T_I64, 5, response.firstIndex))
+    held_by = response.heldBy
+    if held_by is not None:
+        raw = held_by.encode()
+        parts.append(struct.pack(">bhi", _T_STRING, 6, len(raw)) + raw)
     parts.append(b"\x00\x00")
 
 

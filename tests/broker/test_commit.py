@@ -107,10 +107,12 @@ def test_a_committing_group_refuses_auto_consumes(broker: Any, client: Any) -> N
 
 def test_one_member_at_a_time_reads_a_group(broker: Any, client: Any) -> None:
     produce(client, "t", 2)
-    assert from_committed(client, "t", "g", memberId="a").itemList == [b"m0", b"m1"]
+    first = from_committed(client, "t", "g", memberId="a")
+    assert first.itemList == [b"m0", b"m1"] and first.heldBy is None
     held = from_committed(client, "t", "g", memberId="b")
     assert (held.result.resultCode, held.result.errorCode) == (R.TRY_LATER, E.ALL_MESSAGE_CONSUMED)
     assert "read by member 'a'" in held.result.errorMessage
+    assert held.heldBy == "a"  # the field clients act on (StreamConsumer), never the text
     refused = commit(client, "t", "g", 2, member="b")
     assert refused.resultCode == R.FAILURE and "member 'a' holds the group" in refused.errorMessage
     assert commit(client, "t", "g", 1, member="a").resultCode == R.SUCCESS

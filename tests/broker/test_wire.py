@@ -82,6 +82,11 @@ RESPONSES = {
         timestampList=[],
         firstIndex=4,
     ),
+    "held by another member": T.ConsumeResponse(  # EXTENSION heldBy (field 6)
+        result=T.Result(resultCode=2, errorCode=7, errorMessage="group 'g' is read by member 'ü'"),
+        lastConsumedIndex=0,
+        heldBy="member-ü",
+    ),
     "many": T.ConsumeResponse(
         result=T.Result(resultCode=0), itemList=[b"%d" % i for i in range(5000)], lastConsumedIndex=4999
     ),
