@@ -550,18 +550,11 @@ class StreamConsumer:
         try:
             while not self._stop.is_set():
                 try:
-                    response = conn.checked("consume", request)
+                    response = self._consume(conn, request, topic, broker, _NOTHING_YET)
                 except _NOTHING_YET as exc:
-                    if not isinstance(exc, AllMessagesConsumedError) or self._wait_ms <= 0:
-                        self._stop.wait(min(self._wait_ms / 1000, 0.2) or 0.05)  # empty or unknown topic
+                    self._wait_for_more(exc)  # empty or unknown topic
                     continue
-                except BrokerUnavailableError as exc:
-                    log.warning("fetching %r from %s: %s; retrying", topic, broker, exc)
-                    self._stop.wait(self._backoff_s)
-                    continue
-                except BrokerError as exc:
-                    log.error("fetching %r from %s failed: %s", topic, broker, exc)
-                    self._stop.wait(self._backoff_s)
+                if response is None:
                     continue
                 for k, item in enumerate(response.itemList or []):
                     if self._raw:
@@ -602,7 +595,7 @@ class StreamConsumer:
                     gen = state.gen
                     request.startIndex = state.fetch_next
                 try:
-                    response = conn.checked("consume", request)
+                    response = self._consume(conn, request, topic, broker, (*_NOTHING_YET, IndexOutOfBoundsError))
                 except _NOTHING_YET as exc:
                     if getattr(exc.response, "heldBy", None):  # another member holds the group
                         with tracker.lock:
@@ -610,8 +603,7 @@ class StreamConsumer:
                                 log.warning("%s; reading %r from %s again from the committed position once it can",
                                             exc, topic, broker)  # fmt: skip
                                 state.reset(None)
-                    if not isinstance(exc, AllMessagesConsumedError) or self._wait_ms <= 0:
-                        self._stop.wait(min(self._wait_ms / 1000, 0.2) or 0.05)
+                    self._wait_for_more(exc)
                     continue
                 except IndexOutOfBoundsError as exc:  # retention removed what we were to read
                     log.warning("fetching %r from %s: %s; reading from the committed position", topic, broker, exc)
@@ -619,13 +611,7 @@ class StreamConsumer:
                         if state.gen == gen:
                             state.reset(None)
                     continue
-                except BrokerUnavailableError as exc:
-                    log.warning("fetching %r from %s: %s; retrying", topic, broker, exc)
-                    self._stop.wait(self._backoff_s)
-                    continue
-                except BrokerError as exc:
-                    log.error("fetching %r from %s failed: %s", topic, broker, exc)
-                    self._stop.wait(self._backoff_s)
+                if response is None:
                     continue
                 items = response.itemList or []
                 first = response.lastConsumedIndex - len(items) + 1
@@ -648,6 +634,29 @@ class StreamConsumer:
                     queue.put((broker, gen, index, values), self._stop)
         finally:
             conn.close()
+
+    def _consume(
+        self, conn: BrokerConnection, request: Any, topic: str, broker: str, passed_on: tuple[type[BrokerError], ...]
+    ) -> Any:
+        """One ``consume`` of a fetch loop: its reply, or None after a failure waited out
+        here (a broker gone: retried after the back-off; any other refusal but those in
+        ``passed_on``, which are raised: logged, then the back-off)."""
+        try:
+            return conn.checked("consume", request)
+        except passed_on:
+            raise
+        except BrokerUnavailableError as exc:
+            log.warning("fetching %r from %s: %s; retrying", topic, broker, exc)
+        except BrokerError as exc:
+            log.error("fetching %r from %s failed: %s", topic, broker, exc)
+        self._stop.wait(self._backoff_s)
+        return None
+
+    def _wait_for_more(self, exc: BrokerError) -> None:
+        """After a consume that found nothing: a moment's pause, unless the broker's long
+        poll (``wait_ms``) already waited."""
+        if not isinstance(exc, AllMessagesConsumedError) or self._wait_ms <= 0:
+            self._stop.wait(min(self._wait_ms / 1000, 0.2) or 0.05)
 
     def _tracker(self, topic: str) -> _Tracker:
         if self.auto_commit:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
@@ -53,6 +53,56 @@ class _CallStats:
         self.sum_s = 0.0
         self.buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.errors: dict[int, int] = {}
+
+
+#: The TCP floor's counters and gauges (luxun.net, both doors): (name, type, help, attribute).
+_SERVER_FAMILIES: Final = (
+    ("luxun_connections_open", "gauge", "Client connections open now.", "connections_open"),
+    ("luxun_connections_total", "counter", "Client connections accepted.", "connections_total"),
+    (
+        "luxun_connections_refused_total",
+        "counter",
+        "Connections closed at once: over the connection limit, or out of file descriptors.",
+        "connections_refused",
+    ),
+    ("luxun_bad_frames_total", "counter", "Connections closed for a malformed or oversized frame.", "bad_frames"),
+    (
+        "luxun_accept_failures_total",
+        "counter",
+        "accept() calls that failed (e.g. out of file descriptors).",
+        "accept_failures",
+    ),
+    (
+        "luxun_input_buffer_bytes",
+        "gauge",
+        "Receive buffer bytes held by connections (the input budget used).",
+        "input_buffer_bytes",
+    ),
+    (
+        "luxun_input_buffer_waits_total",
+        "counter",
+        "Times a connection stopped reading for the input budget.",
+        "input_buffer_waits",
+    ),
+    (
+        "luxun_input_buffer_closed_total",
+        "counter",
+        "Connections closed because the input budget stayed full.",
+        "input_buffer_closed",
+    ),
+    (
+        "luxun_busy_polls_total",
+        "counter",
+        "Times a lone connection polled for its next call (busy.poll.us).",
+        "busy_polls",
+    ),
+    (
+        "luxun_busy_poll_hits_total",
+        "counter",
+        "Busy polls that got the next call before they gave up.",
+        "busy_poll_hits",
+    ),
+)
 
 
 class Metrics:
@@ -129,30 +179,9 @@ class Metrics:
             out.append(f'luxun_request_duration_seconds_bucket{{method="{call}",le="+Inf"}} {count}')
             out.append(f'luxun_request_duration_seconds_sum{{method="{call}"}} {total}')
             out.append(f'luxun_request_duration_seconds_count{{method="{call}"}} {count}')
-        family("luxun_connections_open", "gauge", "Client connections open now.")
-        out.append(f"luxun_connections_open {self.connections_open}")
-        family("luxun_connections_total", "counter", "Client connections accepted.")
-        out.append(f"luxun_connections_total {self.connections_total}")
-        family(
-            "luxun_connections_refused_total",
-            "counter",
-            "Connections closed at once: over the connection limit, or out of file descriptors.",
-        )
-        out.append(f"luxun_connections_refused_total {self.connections_refused}")
-        family("luxun_bad_frames_total", "counter", "Connections closed for a malformed or oversized frame.")
-        out.append(f"luxun_bad_frames_total {self.bad_frames}")
-        family("luxun_accept_failures_total", "counter", "accept() calls that failed (e.g. out of file descriptors).")
-        out.append(f"luxun_accept_failures_total {self.accept_failures}")
-        family("luxun_input_buffer_bytes", "gauge", "Receive buffer bytes held by connections (the input budget used).")
-        out.append(f"luxun_input_buffer_bytes {self.input_buffer_bytes}")
-        family("luxun_input_buffer_waits_total", "counter", "Times a connection stopped reading for the input budget.")
-        out.append(f"luxun_input_buffer_waits_total {self.input_buffer_waits}")
-        family("luxun_input_buffer_closed_total", "counter", "Connections closed because the input budget stayed full.")
-        out.append(f"luxun_input_buffer_closed_total {self.input_buffer_closed}")
-        family("luxun_busy_polls_total", "counter", "Times a lone connection polled for its next call (busy.poll.us).")
-        out.append(f"luxun_busy_polls_total {self.busy_polls}")
-        family("luxun_busy_poll_hits_total", "counter", "Busy polls that got the next call before they gave up.")
-        out.append(f"luxun_busy_poll_hits_total {self.busy_poll_hits}")
+        for name, kind, help_text, attribute in _SERVER_FAMILIES:
+            family(name, kind, help_text)
+            out.append(f"{name} {getattr(self, attribute)}")
         with self._lock:
             kafka_requests, kafka_errors = dict(self.kafka_requests), dict(self.kafka_errors)
         family("luxun_kafka_requests_total", "counter", "Kafka-protocol requests, by API key and version.")

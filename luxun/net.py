@@ -226,13 +226,16 @@ class BigFrame:
 
 
 class TcpServer:
-    """What every luxun door has: a listener on ``host:port``, one thread per
-    connection, the broker-wide input budget and the accept loop that survives running
-    out of descriptors. A subclass sets ``max_frame_bytes`` and implements
-    :meth:`_read_frames` (read and answer one connection's requests until it closes).
+    """What every luxun door has: a listener on ``host:port`` (``port=0`` picks a free
+    one), one thread per connection, the broker-wide input budget and the accept loop
+    that survives running out of descriptors. A subclass implements :meth:`_read_frames`
+    (read and answer one connection's requests until it closes) and passes these
+    keyword arguments on (``**options``).
 
     Args:
+        max_frame_bytes: largest frame accepted; bigger ones close the connection.
         max_connections: connections beyond this are closed at once (and counted).
+        metrics: where connection counts, refusals and the input budget go.
         max_buffered_bytes: the :class:`InputBudget` of all connections' receive
             buffers (default ``DEFAULT_MAX_BUFFERED_BYTES``, at least twice
             ``max_frame_bytes``).
@@ -240,7 +243,6 @@ class TcpServer:
         name: the prefix of the server's thread names.
     """
 
-    max_frame_bytes: int
     #: The setting that makes ``max_frame_bytes``, named when a frame is refused.
     frame_limit_setting = "the frame limit"
 
@@ -249,12 +251,14 @@ class TcpServer:
         host: str,
         port: int,
         *,
+        max_frame_bytes: int,
         max_connections: int = 10_000,
         metrics: Metrics | None = None,
         max_buffered_bytes: int | None = None,
         budget_wait_s: float = DEFAULT_BUDGET_WAIT_S,
         name: str = "luxun",
     ) -> None:
+        self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
         self.metrics = metrics or Metrics()
         if max_buffered_bytes is None:

@@ -78,6 +78,7 @@ __all__ = [
     "CORRUPT_MESSAGE",
     "DEFAULT_MAX_BYTES",
     "HEADER_SIZE",
+    "MAGIC_OFFSET",
     "INVALID_RECORD",
     "INVALID_TIMESTAMP",
     "LOG_OVERHEAD",
@@ -106,7 +107,7 @@ MAGIC: Final = 2
 _CRC_OFFSET: Final = 17
 _ATTRIBUTES_OFFSET: Final = 21  # the crc covers the batch from here on
 _MAX_TIMESTAMP_OFFSET: Final = 35
-_MAGIC_OFFSET: Final = 16
+MAGIC_OFFSET: Final = 16
 
 # Everything after baseOffset: batchLength .. recordCount.
 _HEADER: Final = struct.Struct(">iibIhiqqqhii")
@@ -233,8 +234,8 @@ def split_batches(records: bytes | bytearray | memoryview, *, from_client: bool 
     unpack = _HEADER.unpack_from
     while pos < total:
         left = total - pos
-        if left > _MAGIC_OFFSET:
-            magic = view[pos + _MAGIC_OFFSET]
+        if left > MAGIC_OFFSET:
+            magic = view[pos + MAGIC_OFFSET]
             if magic in (0, 1):
                 raise BatchError(
                     INVALID_RECORD,

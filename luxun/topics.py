@@ -365,8 +365,7 @@ class TopicManager:
                 else:
                     mine = False
             if not mine:
-                if not busy.wait(max(0.0, deadline - time.monotonic())):
-                    raise TimeoutError(f"topic {name!r} stayed busy (opening, closing or deleting) for too long")
+                self._wait_busy(name, busy, deadline)
                 continue
             try:
                 return self._reopen(name)
@@ -513,8 +512,7 @@ class TopicManager:
                 else:
                     mine = False
             if not mine:
-                if not busy.wait(max(0.0, deadline - time.monotonic())):
-                    raise TimeoutError(f"topic {name!r} stayed busy (opening, closing or deleting) for too long")
+                self._wait_busy(name, busy, deadline)
                 continue
             try:
                 return self._create(name, items, counts, kind)
@@ -572,6 +570,13 @@ class TopicManager:
             self.created.notify_all()
         log.info("created topic %r", name)
         return topic, index
+
+    @staticmethod
+    def _wait_busy(name: str, busy: threading.Event, deadline: float) -> None:
+        """Wait until another thread's creation, opening, closing or deletion of topic
+        ``name`` ends (``busy`` set), at the latest until the monotonic ``deadline``."""
+        if not busy.wait(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"topic {name!r} stayed busy (opening, closing or deleting) for too long")
 
     def _release(self, name: str, busy: threading.Event) -> None:
         with self._lock:
@@ -644,8 +649,7 @@ class TopicManager:
                     self._snapshots.pop(name, None)
                     busy = self._busy[name] = threading.Event()
                     break
-            if not busy.wait(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"topic {name!r} stayed busy (opening, closing or deleting) for too long")
+            self._wait_busy(name, busy, deadline)
         try:
             if topic is not None:
                 topic.deleted = True

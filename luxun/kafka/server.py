@@ -27,8 +27,7 @@ import threading
 from typing import Any, Protocol
 
 from ..logs import RateLimitedLog
-from ..metrics import Metrics
-from ..net import DEFAULT_BUDGET_WAIT_S, RECEIVING, BigFrame, TcpServer, send_parts
+from ..net import RECEIVING, BigFrame, TcpServer, send_parts
 
 __all__ = ["FrameHandler", "KafkaServer"]
 
@@ -60,29 +59,10 @@ class KafkaServer(TcpServer):
 
     frame_limit_setting = "socket.request.max.bytes"
 
-    def __init__(
-        self,
-        handler: FrameHandler,
-        host: str,
-        port: int,
-        *,
-        max_frame_bytes: int,
-        max_connections: int = 10_000,
-        metrics: Metrics | None = None,
-        max_buffered_bytes: int | None = None,
-        budget_wait_s: float = DEFAULT_BUDGET_WAIT_S,
-    ) -> None:
+    def __init__(self, handler: FrameHandler, host: str, port: int, **options: Any) -> None:
+        """``options``: :class:`~luxun.net.TcpServer`'s (``max_frame_bytes``, limits, metrics)."""
         self._handler = handler
-        self.max_frame_bytes = max_frame_bytes
-        super().__init__(
-            host,
-            port,
-            max_connections=max_connections,
-            metrics=metrics,
-            max_buffered_bytes=max_buffered_bytes,
-            budget_wait_s=budget_wait_s,
-            name="luxun-kafka",
-        )
+        super().__init__(host, port, name="luxun-kafka", **options)
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
         held = [0]  # input budget held by the read-ahead buffer

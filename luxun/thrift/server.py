@@ -59,9 +59,7 @@ from idl.binary import ThriftBinaryError, skip_message
 from ..config import DEFAULT_BUSY_POLL_US
 from ..errors import LuxunError
 from ..logs import RateLimitedLog
-from ..metrics import Metrics
 from ..net import (
-    DEFAULT_BUDGET_WAIT_S,
     INITIAL_BUFFER,
     KEEP_BUFFER,
     READ_BUFFER,
@@ -163,16 +161,10 @@ class ThriftServer(TcpServer):
     Args:
         service: the thriftpy2 service (``luxun_thrift.QueueService``).
         handler: the object implementing it.
-        max_frame_bytes: largest frame accepted; bigger ones close the connection.
-        max_connections: connections beyond this are closed at once (and counted).
-        max_buffered_bytes: the :class:`InputBudget` of all connections' receive
-            buffers (default ``DEFAULT_MAX_BUFFERED_BYTES``, at least twice
-            ``max_frame_bytes``).
-        budget_wait_s: how long a connection waits for input budget before it is closed.
         busy_poll_us: after answering, a connection that has been the only one receiving
             (for ``_BUSY_POLL_QUIET_S``) polls its socket this long before it sleeps in
             ``recv`` (0: never); see the module docstring.
-        on_stop: called after the last connection finished, before ``stop`` returns.
+        options: :class:`~luxun.net.TcpServer`'s (``max_frame_bytes``, limits, metrics).
     """
 
     frame_limit_setting = "max.message.size + 1 MiB"
@@ -184,12 +176,8 @@ class ThriftServer(TcpServer):
         host: str,
         port: int,
         *,
-        max_frame_bytes: int,
-        max_connections: int = 10_000,
-        metrics: Metrics | None = None,
-        max_buffered_bytes: int | None = None,
-        budget_wait_s: float = DEFAULT_BUDGET_WAIT_S,
         busy_poll_us: int = DEFAULT_BUSY_POLL_US,
+        **options: Any,
     ) -> None:
         self.busy_poll_us = busy_poll_us
         self._processor = TProcessor(service, handler)
@@ -211,15 +199,7 @@ class ThriftServer(TcpServer):
         self._consume_request: Any = spec[2] if spec and len(spec) > 2 and isinstance(spec[2], type) else None
         # The produce fast path, when the handler has the batch-aware entry points.
         self._fast_produce = hasattr(handler, "produce_item") and hasattr(handler, "async_produce_many")
-        self.max_frame_bytes = max_frame_bytes
-        super().__init__(
-            host,
-            port,
-            max_connections=max_connections,
-            metrics=metrics,
-            max_buffered_bytes=max_buffered_bytes,
-            budget_wait_s=budget_wait_s,
-        )
+        super().__init__(host, port, **options)
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
         """Read and handle frames until the peer closes, a frame is refused, or the

@@ -102,6 +102,10 @@ from ..errors import (
 from ..logs import RateLimitedLog
 from ..metrics import Metrics
 from ..partitions import KIND_KAFKA_BATCH
+from ..records import HEADER_SIZE as BATCH_HEADER_SIZE
+from ..records import MAGIC as BATCH_MAGIC
+from ..records import MAGIC_OFFSET as BATCH_MAGIC_OFFSET
+from ..records import BatchError, batch_to_pack
 from ..topics import (
     Topic,
     TopicAutoCreateDisabledError,
@@ -135,9 +139,6 @@ _OK = T.Result(resultCode=SUCCESS)
 #: The ConsumeRequest fields QueueHandler.consume_single serves (others: the general path).
 _SINGLE_FIELDS: Final = frozenset({"topic", "fanoutId", "startIndex", "maxFetchSize", "maxWaitMs"})
 
-# A Kafka record batch's header size and where its magic is (luxun.records).
-_BATCH_HEADER_SIZE: Final = 61
-_BATCH_MAGIC_AT: Final = 16
 # Up to this many items, _may_hold_batches looks at each in Python (cheaper than numpy's set-up).
 _SNIFF_IN_PYTHON: Final = 64
 
@@ -145,7 +146,7 @@ _SNIFF_IN_PYTHON: Final = 64
 def _may_be_batch(item: bytes) -> bool:
     """Whether ``item`` could be a Kafka record batch: at least a batch header long, with 2
     (magic v2) at byte 16. Luxun packs never are (0 there)."""
-    return len(item) >= _BATCH_HEADER_SIZE and item[_BATCH_MAGIC_AT] == 2
+    return len(item) >= BATCH_HEADER_SIZE and item[BATCH_MAGIC_OFFSET] == BATCH_MAGIC
 
 
 def _may_hold_batches(items: ItemBlob) -> bool:
@@ -156,13 +157,13 @@ def _may_hold_batches(items: ItemBlob) -> bool:
     if len(lengths) <= _SNIFF_IN_PYTHON:
         pos = 0
         for n in lengths.tolist():
-            if n >= _BATCH_HEADER_SIZE and data[pos + _BATCH_MAGIC_AT] == 2:
+            if n >= BATCH_HEADER_SIZE and data[pos + BATCH_MAGIC_OFFSET] == BATCH_MAGIC:
                 return True
             pos += n
         return False
     starts = np.cumsum(lengths) - lengths
-    at = starts[lengths >= _BATCH_HEADER_SIZE] + _BATCH_MAGIC_AT
-    return bool((np.frombuffer(data, dtype=np.uint8)[at] == 2).any())
+    at = starts[lengths >= BATCH_HEADER_SIZE] + BATCH_MAGIC_OFFSET
+    return bool((np.frombuffer(data, dtype=np.uint8)[at] == BATCH_MAGIC).any())
 
 
 class _GroupHeld(AllMessageConsumed):
@@ -574,8 +575,6 @@ class QueueHandler:
     def _batch_as_pack(self, name: str, index: int | None, item: bytes) -> bytes:
         """One stored Kafka batch as a Luxun pack; a batch that does not read (corrupt,
         or over batch_to_pack's size limit) is handed over as stored, and logged."""
-        from ..records import BatchError, batch_to_pack  # the codecs load on first use
-
         try:
             return batch_to_pack(item)
         except BatchError as exc:
