@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
 import errno
 import fcntl
 import functools
 import itertools
-import json
-import logging
 import mmap
 import operator
 import os
@@ -26,73 +23,39 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from . import format as fmt
+from .codec import (
+    BE_I64,
+    HEAD_TAIL,
+    OFFSET_MASK,
+    PAGE_BITS,
+    SLOT_BITS,
+    SLOT_MASK,
+    pack_index_item,
+    pack_plain_index_item,
+    unpack_item_place,
+)
+from .core import DISK_FULL_ERRNOS, NO_PAGE, SMALL_READ_ITEMS, _Reading, now_ms
 from .errors import (
-    ArrayClosedError,
-    ArrayEmptyError,
     ArrayLockedError,
     CorruptArrayError,
     DiskFullError,
     IndexOutOfRangeError,
     ItemTooLargeError,
 )
-from .format import IndexItem
+from .offsets import ArrayOffsets
 from .page import DEFAULT_MAX_CACHED_PAGES, DEFAULT_PAGE_TTL_S, DEFAULT_RESERVE_STEP, MappedPage, PageFactory
 from .prefetch import PREFETCHER
+from .recovery import DEFAULT_RECOVERY_CHECK_ITEMS, ArrayRecovery, Recovery
+from .retention import ArrayRetention
 
-log = logging.getLogger(__name__)
+__all__ = ["DEFAULT_RECOVERY_CHECK_ITEMS", "BigArray", "Recovery", "now_ms"]
 
-_INDEX_ITEM = struct.Struct(fmt.INDEX_ITEM_STRUCT)
-_I64 = struct.Struct(">q")
-_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-_HEAD_TAIL = struct.Struct(">qq")
-_unpack_index_item = _INDEX_ITEM.unpack_from
-#: Pack a whole index item: with its aux, or with 8 zero bytes (cheaper than packing a 0).
-#: Every append writes all 32 bytes: slots past head may hold stale bytes (of items
-#: dropped by recovery, or of a batch that failed).
-_pack_index_item = struct.Struct(fmt.INDEX_ITEM_AUX_STRUCT).pack_into
-_pack_plain_index_item = struct.Struct(fmt.INDEX_ITEM_STRUCT + "8x").pack_into
-_U64 = struct.Struct(">Q")
-_unpack_u64 = _U64.unpack_from
-_AUX_OFFSET = fmt.INDEX_AUX_OFFSET
-_OFFSET_MASK = fmt.OFFSET_MASK
-_pack_i64 = _I64.pack_into
-#: Head in the meta page, written as one ctypes big-endian int64 over the mapping (a
-#: store costs about a third of ``struct.pack_into``, which parses its buffer argument
-#: with a format string on every call).
-_BE_I64: type[ctypes.c_int64] = ctypes.c_int64.__ctype_be__
 _time_ns = time.time_ns
-#: The data page, offset and length of an index item (what get() needs).
-_unpack_item_place = struct.Struct(fmt.INDEX_ITEM_STRUCT[:-1]).unpack_from
-# The hot paths (append, get, the fast path of _index_item) inline fmt.index_page_of
-# (``i >> _PAGE_BITS``), fmt.index_slot (``i & _SLOT_MASK``) and fmt.index_slot_offset
-# (``(i & _SLOT_MASK) << _SLOT_BITS``) with these constants: a function call there costs
-# more than the rest of the lookup. Everywhere else uses the fmt helpers.
-_PAGE_BITS = fmt.INDEX_ITEMS_PER_PAGE_BITS
-_SLOT_MASK = fmt.INDEX_SLOT_MASK
-_SLOT_BITS = fmt.INDEX_ITEM_SIZE.bit_length() - 1
-assert 1 << _SLOT_BITS == fmt.INDEX_ITEM_SIZE
-#: An IndexItem from the tuple struct unpacks (C calls only: no Python-level __new__).
-_index_item_of: Callable[[tuple[int, int, int, int]], IndexItem] = functools.partial(tuple.__new__, IndexItem)
-
-
-class Recovery(NamedTuple):
-    """What the recovery at open dropped (as Kafka's ``LogSegment.recover`` reports
-    the bytes it truncated): head before and after it rolled back past damaged items."""
-
-    #: Head as the meta page held it when the array was opened.
-    head_before: int
-    #: Head after recovery: every item below it is intact.
-    head_after: int
-
-    @property
-    def dropped(self) -> int:
-        """Items dropped (``head_before - head_after``)."""
-        return self.head_before - self.head_after
 
 
 def _slice_run(
@@ -136,62 +99,17 @@ def _page_spans(pages: np.ndarray[Any, Any]) -> list[tuple[int, int]]:
     return list(zip([0, *cuts], [*cuts, n], strict=True))
 
 
-def _no_page() -> MappedPage:
-    """A stand-in for "no page yet" in the readers' last-page slots: its number matches
-    no index or data page and its (closed) mapping raises ValueError when used."""
-    mm = mmap.mmap(-1, mmap.PAGESIZE)
-    mm.close()
-    return MappedPage(-(1 << 62), "", mm, None, 0)
-
-
-_NO_PAGE = _no_page()
-
 #: Index items examined per step of read_range (bounds the work beyond max_bytes).
 _READ_CHUNK_ITEMS = 16384
 #: Fewest index items a read with max_bytes converts at once (see _index_fields).
 _BUDGET_PROBE_ITEMS = 64
-#: A read that can return at most this many items (head or max_items that near, or a byte
-#: budget holding fewer of items the size of the first) reads their index items with one
-#: struct call per index page and cuts the items in Python (BigArray._small_fields), not
-#: with numpy, whose fixed cost per read (some 15 calls) a live consumer, reading the few
-#: items that came since its last read, paid on every fetch.
-#: In process, read_range_view of the last 1 / 4 / 16 / 32 items of 100 B: 17-26 / 18-32 /
-#: 18-20 / 17-27 us through numpy, 5.5-10 / 6-11 / 7.6-13 / 10 us so (their index items
-#: read with one struct call per index page: _INDEX_PLACES).
-_SMALL_READ_ITEMS = 32
 #: Index items such a read looks at when a byte budget holds few items the size of the
 #: first (smaller ones may follow: if all of these fit, _range_fields reads instead).
-_SMALL_READ_WINDOW = 2 * _SMALL_READ_ITEMS
+_SMALL_READ_WINDOW = 2 * SMALL_READ_ITEMS
 #: Structs that read (data page, offset, length) of n consecutive index items, by n
 #: (each item: page i8, offset i4, length i4, then its timestamp and aux: fmt.INDEX_DTYPE).
 _INDEX_PLACES = [struct.Struct(">" + "qii16x" * n) for n in range(_SMALL_READ_WINDOW + 1)]
 assert _INDEX_PLACES[1].size == fmt.INDEX_ITEM_SIZE
-#: Structs that read the aux field of n consecutive index items, by n (offset_fields).
-_INDEX_AUXES = [struct.Struct(">" + f"{fmt.INDEX_AUX_OFFSET}xQ" * n) for n in range(_SMALL_READ_ITEMS + 1)]
-assert _INDEX_AUXES[1].size == fmt.INDEX_ITEM_SIZE
-
-
-class _Reading:
-    """See :meth:`BigArray._reading` (a class: a generator's context manager cost
-    1.5 us a read, some 15 % of a read of a few items)."""
-
-    __slots__ = ("array", "start")
-
-    def __init__(self, array: BigArray, start: int) -> None:
-        self.array = array
-        self.start = start
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if kind is None:
-            return
-        array = self.array
-        if issubclass(kind, FileNotFoundError):
-            raise IndexOutOfRangeError(self.start, array._tail, array._head) from None
-        if issubclass(kind, ValueError) and array._closed:
-            raise array._closed_error() from None
 
 
 def _back_to_back(offsets: list[int], lengths: list[int]) -> bool:
@@ -200,7 +118,7 @@ def _back_to_back(offsets: list[int], lengths: list[int]) -> bool:
     return list(itertools.accumulate(lengths[:-1], initial=offsets[0])) == offsets
 
 
-def _no_release() -> None:
+def no_release() -> None:
     """What :meth:`BigArray.read_range_view` gives to release a copy: nothing to do."""
 
 
@@ -233,16 +151,9 @@ _IOV_MAX = 1024  # buffers per pwritev (Linux's UIO_MAXIOV)
 #: fit its room (BigArray._append_small_batch). In process, 100 B / 1 KB items, us per item
 #: through numpy's path: 22.9 / 27.8 (1 item), 3.7 / 5.1 (8), 0.85 / 1.18 (32), 0.54 / 0.84 (64).
 _SMALL_BATCH_ITEMS = 32
-#: How many items just below head are checked when an array is opened.
-DEFAULT_RECOVERY_CHECK_ITEMS = 4096
 
 
-def now_ms() -> int:
-    """Wall-clock time in milliseconds since the epoch (the default clock)."""
-    return time.time_ns() // 1_000_000
-
-
-class BigArray:
+class BigArray(ArrayOffsets, ArrayRetention, ArrayRecovery):
     """An append-only array of byte items in memory-mapped page files.
 
     Args:
@@ -269,11 +180,6 @@ class BigArray:
         CorruptArrayError: the meta page is inconsistent (tail > head).
     """
 
-    #: ``find_closest_index`` argument for the first readable index (tail).
-    EARLIEST = -1
-    #: ``find_closest_index`` argument for the next index to be appended (head).
-    LATEST = -2
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -296,15 +202,15 @@ class BigArray:
         # Bounds of append's inlined path (see _arm_fast_append); -1: not yet.
         self._data_fast_end = -1
         self._index_fast_end = -1
-        self._data_mm = self._index_mm = _NO_PAGE.mm
-        self._head_cell = _BE_I64()
+        self._data_mm = self._index_mm = NO_PAGE.mm
+        self._head_cell = BE_I64()
         # The index and data page the last read went to, not referenced (see get()).
-        self._read_index_page = _NO_PAGE
-        self._read_data_page = _NO_PAGE
+        self._read_index_page = NO_PAGE
+        self._read_data_page = NO_PAGE
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:
-            if exc.errno in _DISK_FULL_ERRNOS:
+            if exc.errno in DISK_FULL_ERRNOS:
                 raise DiskFullError(exc.errno, f"cannot create array {self.path}: {exc.strerror}") from exc
             raise
         self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
@@ -339,8 +245,8 @@ class BigArray:
             )
             self._meta = PageFactory(os.path.join(self.path, fmt.META_DIR), fmt.META_PAGE_SIZE, max_cached_pages=1)
             self._meta_page = self._meta.acquire(0, create=True)
-            self._head_cell = _BE_I64.from_buffer(self._meta_page.mm, fmt.META_HEAD_OFFSET)
-            head, tail = _HEAD_TAIL.unpack_from(self._meta_page.mm, 0)
+            self._head_cell = BE_I64.from_buffer(self._meta_page.mm, fmt.META_HEAD_OFFSET)
+            head, tail = HEAD_TAIL.unpack_from(self._meta_page.mm, 0)
             if tail < 0 or head < tail:
                 raise CorruptArrayError(
                     f"meta page of {self.path} holds head {head}, tail {tail}: tail must be in [0, head]"
@@ -367,62 +273,9 @@ class BigArray:
         except BaseException as exc:
             self._closed = False
             self._close_files()
-            if isinstance(exc, OSError) and not isinstance(exc, DiskFullError) and exc.errno in _DISK_FULL_ERRNOS:
+            if isinstance(exc, OSError) and not isinstance(exc, DiskFullError) and exc.errno in DISK_FULL_ERRNOS:
                 raise DiskFullError(exc.errno, f"cannot create array {self.path}: {exc.strerror}") from exc
             raise
-
-    # -- properties --------------------------------------------------------------------
-    @property
-    def recovery(self) -> Recovery:
-        """What opening the array dropped: damaged items at the end (head rolled back
-        from ``recovery.head_before`` to ``recovery.head_after``; ``recovery.dropped``
-        items, 0 for an intact array)."""
-        return self._recovery
-
-    @property
-    def head(self) -> int:
-        """The next index to be appended."""
-        return self._head
-
-    @property
-    def tail(self) -> int:
-        """The first readable index."""
-        return self._tail
-
-    @property
-    def size(self) -> int:
-        """Number of readable items (head - tail)."""
-        return self._head - self._tail
-
-    @property
-    def is_empty(self) -> bool:
-        """True when no item is readable."""
-        return self._head == self._tail
-
-    @property
-    def next_offset(self) -> int:
-        """The record offset the next appended record gets: ``head`` for an array whose
-        items all hold one record (see :mod:`bigarray.format`, record offsets)."""
-        return self._next_offset
-
-    @property
-    def log_start_offset(self) -> int:
-        """The first readable record offset: :meth:`first_offset` of tail
-        (:attr:`next_offset` when the array is empty)."""
-        while True:
-            self._check_open()
-            tail = self._tail
-            try:
-                return self._first_offset(tail)
-            except FileNotFoundError:
-                if self._tail == tail:
-                    raise CorruptArrayError(f"array {self.path}: the index page of tail {tail} is missing") from None
-                # retention moved tail meanwhile: read the new one
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` was called."""
-        return self._closed
 
     # -- appending ---------------------------------------------------------------------
     def append(self, item: bytes | bytearray | memoryview, count: int = 1, kind: int = 0) -> int:
@@ -465,7 +318,7 @@ class BigArray:
                 ts = self._last_ts
             else:
                 self._last_ts = ts
-            _pack_plain_index_item(self._index_mm, (idx & _SLOT_MASK) << _SLOT_BITS, self._data_page_no, off, n, ts)
+            pack_plain_index_item(self._index_mm, (idx & SLOT_MASK) << SLOT_BITS, self._data_page_no, off, n, ts)
             self._data_off = end
             idx_1 = idx + 1
             self._next_offset = idx_1  # before head: see find_offset
@@ -492,7 +345,7 @@ class BigArray:
                     aux, nxt = 0, idx + 1  # a plain item: aux stays 0 (bigqueue's bytes)
                 else:
                     aux = self._aux_for(count, kind)
-                    nxt = aux & _OFFSET_MASK
+                    nxt = aux & OFFSET_MASK
                 page = self._data_page
                 big = n >= _WRITE_THROUGH_FILE_MIN_SINGLE
                 if page is None or self._data_off + n > self._data_room:
@@ -509,7 +362,7 @@ class BigArray:
                     ipage = self._index_room_for(idx, 1)
                 ts = max(self._clock(), self._last_ts)
                 self._last_ts = ts
-                _pack_index_item(ipage.mm, fmt.index_slot_offset(idx), page.page_no, off, n, ts, aux)
+                pack_index_item(ipage.mm, fmt.index_slot_offset(idx), page.page_no, off, n, ts, aux)
                 if slot == _INDEX_PREFETCH_SLOT and self._prefetch:
                     self._prefetch_index_page(ipage.page_no + 1)
                 self._data_off = off + n
@@ -544,7 +397,7 @@ class BigArray:
         self._data_mm = dpage.mm
         self._index_mm = ipage.mm
         self._data_fast_end = min(self._data_room, self._prefetch_next_at)
-        first = ipage.page_no << _PAGE_BITS
+        first = ipage.page_no << PAGE_BITS
         end = first + self._index_room
         if self._prefetch and self._head <= first + _INDEX_PREFETCH_SLOT:
             end = min(end, first + _INDEX_PREFETCH_SLOT)
@@ -674,7 +527,7 @@ class BigArray:
         for item, n in zip(batch, lengths, strict=True):
             end = off + n
             mm[off:end] = item
-            _pack_plain_index_item(imm, (idx & _SLOT_MASK) << _SLOT_BITS, page_no, off, n, ts)
+            pack_plain_index_item(imm, (idx & SLOT_MASK) << SLOT_BITS, page_no, off, n, ts)
             off = end
             idx += 1
         self._data_off = off
@@ -840,9 +693,9 @@ class BigArray:
         # deleted by retention, closed) has a closed mmap, whose every use raises
         # ValueError before touching memory, and the slow path then maps it properly.
         ipage = self._read_index_page
-        if ipage.page_no == index >> _PAGE_BITS and self._tail <= index < self._head:
+        if ipage.page_no == index >> PAGE_BITS and self._tail <= index < self._head:
             try:
-                page_no, off, length = _unpack_item_place(ipage.mm, (index & _SLOT_MASK) << _SLOT_BITS)
+                page_no, off, length = unpack_item_place(ipage.mm, (index & SLOT_MASK) << SLOT_BITS)
                 dpage = self._read_data_page
                 if dpage.page_no == page_no:
                     item: bytes = dpage.mm[off : off + length]
@@ -868,197 +721,6 @@ class BigArray:
         if not self._closed:
             self._read_data_page = page
         return item
-
-    def item_length(self, index: int) -> int:
-        """Length in bytes of the item at ``index``."""
-        return self._index_record(index)[2]  # IndexItem.length
-
-    def timestamp(self, index: int) -> int:
-        """Append time of the item at ``index``, in ms since the epoch."""
-        return self._index_record(index)[3]  # IndexItem.timestamp
-
-    # -- record offsets (see bigarray.format) ----------------------------------------------
-    def end_offset(self, index: int) -> int:
-        """The record offset after the last record of the item at ``index``.
-
-        Raises:
-            IndexOutOfRangeError: ``index`` is outside [tail, head).
-        """
-        return fmt.end_offset_of(index, self._readable_aux(index))
-
-    def first_offset(self, index: int) -> int:
-        """The record offset of the first record of the item at ``index`` (the end
-        offset of the item before it, which may be tail - 1; 0 for index 0).
-
-        Raises:
-            IndexOutOfRangeError: ``index`` is outside [tail, head).
-        """
-        return self._read_checked(index, self._first_offset)
-
-    def item_kind(self, index: int) -> int:
-        """The kind (0..255) the item at ``index`` was appended with.
-
-        Raises:
-            IndexOutOfRangeError: ``index`` is outside [tail, head).
-        """
-        return fmt.kind_of(self._readable_aux(index))
-
-    def offset_fields(self, start: int, count: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        """End offsets (int64) and kinds (uint8) of the ``count`` items from ``start``,
-        read as whole index slices (one numpy pass per index page). The first record
-        offset of item ``start + k`` is ``ends[k - 1]`` (for k = 0: :meth:`first_offset`).
-
-        Raises:
-            IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
-        """
-        if count <= 0:
-            self._check_open()
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8)
-        if count <= _SMALL_READ_ITEMS:  # without numpy's set-up, as reads of a few items
-            self._check_span(start, count)
-            with self._reading(start):
-                auxes = self._unpack_index_items(start, start + count, _INDEX_AUXES)
-            plain_or_counted = [a & fmt.OFFSET_MASK if a else i for i, a in enumerate(auxes, start + 1)]
-            kind_list = [a >> fmt.OFFSET_BITS for a in auxes]
-            return np.array(plain_or_counted, dtype=np.int64), np.array(kind_list, dtype=np.uint8)
-        aux = self._index_column(start, count, "aux").astype(np.uint64)
-        plain = np.arange(start + 1, start + count + 1, dtype=np.int64)
-        ends = np.where(aux == 0, plain, (aux & np.uint64(fmt.OFFSET_MASK)).astype(np.int64))
-        kinds = (aux >> np.uint64(fmt.OFFSET_BITS)).astype(np.uint8)
-        return ends, kinds
-
-    def find_offset(self, offset: int) -> int:
-        """The index of the item holding record ``offset``: the smallest index i in
-        [tail, head) with ``end_offset(i) > offset``; head when ``offset >=
-        next_offset``; tail when ``offset`` is below :attr:`log_start_offset`.
-
-        A binary search: O(log(head - tail)) index reads (none for an array whose
-        items all hold one record).
-        """
-        while True:
-            self._check_open()
-            # head before next offset: the writer sets next offset first, so an item
-            # below this head never holds a record at or past the next offset read here
-            head = self._head
-            nxt = self._next_offset
-            if offset >= nxt:
-                return head
-            tail = self._tail
-            if tail >= head:
-                return head
-            if nxt == head:
-                return max(tail, offset)  # every item holds one record: end_offset(i) = i + 1
-            try:
-                return tail + bisect.bisect_right(range(tail, head), offset, key=self._end_offset_raw)
-            except FileNotFoundError:
-                if self._tail == tail:
-                    raise
-                # retention moved tail (and deleted its pages) meanwhile: search again
-
-    def _end_offset_raw(self, index: int) -> int:
-        return fmt.end_offset_of(index, self._aux(index))
-
-    def _first_offset(self, index: int) -> int:
-        """:meth:`first_offset` of an index in [tail, head] (head: the next offset),
-        unchecked. Raises FileNotFoundError when the item before is gone and index is
-        not tail (or the array has no item there to fall back on)."""
-        if index == 0:
-            return 0
-        try:
-            return fmt.end_offset_of(index - 1, self._aux(index - 1))
-        except FileNotFoundError:
-            if index != self._tail:
-                raise
-        # item tail - 1 is gone (an array trimmed by Java, which writes one record per item)
-        if index < self._head:
-            return fmt.end_offset_of(index, self._aux(index)) - 1
-        return self._next_offset
-
-    def _readable_aux(self, index: int) -> int:
-        """aux of a readable index (in [tail, head))."""
-        return self._read_checked(index, self._aux)
-
-    def _read_checked(self, index: int, read: Callable[[int], int]) -> int:
-        """``read(index)`` for an index in [tail, head) of an open array; a page
-        retention deleted meanwhile is an index out of range."""
-        self._check_open()
-        if not self._tail <= index < self._head:
-            raise IndexOutOfRangeError(index, self._tail, self._head)
-        try:
-            return read(index)
-        except FileNotFoundError:
-            raise IndexOutOfRangeError(index, self._tail, self._head) from None
-
-    def _aux(self, index: int) -> int:
-        """aux of index item ``index``, unchecked (any index whose index page exists).
-
-        Raises:
-            FileNotFoundError: its index page is gone.
-        """
-        ipage = self._read_index_page  # the fast path of get(): see there
-        if ipage.page_no == index >> _PAGE_BITS:
-            try:
-                fast: int = _unpack_u64(ipage.mm, ((index & _SLOT_MASK) << _SLOT_BITS) + _AUX_OFFSET)[0]
-                return fast
-            except ValueError:
-                pass
-        self._check_open()
-        page = self._index.acquire(fmt.index_page_of(index))
-        try:
-            aux: int = _unpack_u64(page.mm, fmt.index_slot_offset(index) + _AUX_OFFSET)[0]
-        except ValueError:
-            raise self._closed_error() from None
-        finally:
-            self._index.release(page)
-        if not self._closed:
-            self._read_index_page = page
-        return aux
-
-    def timestamps(self, start: int, count: int) -> list[int]:
-        """Append times (ms) of the ``count`` items from ``start``, read as whole index
-        slices (a consume reply carrying thousands of items pays one numpy copy per
-        index page, not one lookup per item).
-
-        Raises:
-            IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
-        """
-        if count <= 0:
-            self._check_open()
-            return []
-        out: list[int] = self._index_column(start, count, "timestamp").tolist()
-        return out
-
-    def _check_span(self, start: int, count: int) -> None:
-        """Raise unless the array is open and [start, start + count) inside [tail, head)."""
-        self._check_open()
-        if start < self._tail or start + count > self._head:
-            raise IndexOutOfRangeError(start if start < self._tail else start + count - 1, self._tail, self._head)
-
-    def _index_column(self, start: int, count: int, field: str) -> np.ndarray[Any, Any]:
-        """One field of the ``count`` (> 0) index items from ``start``, copied out of the
-        index pages (one numpy slice per page).
-
-        Raises:
-            IndexOutOfRangeError: [start, start + count) is not inside [tail, head).
-        """
-        self._check_span(start, count)
-        parts: list[np.ndarray[Any, Any]] = []
-        idx, end = start, start + count
-        try:
-            while idx < end:
-                slot = fmt.index_slot(idx)
-                m = min(end - idx, fmt.slots_left_in_page(idx))
-                ipage = self._index.acquire(fmt.index_page_of(idx))
-                try:
-                    if ipage.view is None:  # unmapped by close() in another thread
-                        raise self._closed_error()
-                    parts.append(ipage.view[slot : slot + m][field].copy())
-                finally:
-                    self._index.release(ipage)
-                idx += m
-        except FileNotFoundError:
-            raise IndexOutOfRangeError(start, self._tail, self._head) from None
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def read_range(self, start: int, *, max_items: int | None = None, max_bytes: int | None = None) -> list[bytes]:
         """Read consecutive items from ``start``.
@@ -1130,11 +792,11 @@ class BigArray:
             if small is not None:
                 on, offs, lens = small  # data pages, offsets, lengths
                 if not on:
-                    return np.zeros(0, dtype=np.int64), b"", _no_release
+                    return np.zeros(0, dtype=np.int64), b"", no_release
                 if on[0] == on[-1] and _back_to_back(offs, lens):
                     return (np.array(lens, dtype=np.int64), *self._page_view(on[0], offs[0], offs[-1] + lens[-1]))
                 lengths, data = self.read_range_blob(start, max_items=max_items, max_bytes=max_bytes)
-                return lengths, data, _no_release
+                return lengths, data, no_release
             chunks = self._range_fields(start, max_items, max_bytes)
             if len(chunks) == 1:
                 pages, offsets, lengths = chunks[0]
@@ -1145,7 +807,7 @@ class BigArray:
                 ):  # one page, back to back
                     return (lengths, *self._page_view(int(pages[0]), first_off, end_off))
         lengths, data = self.read_range_blob(start, max_items=max_items, max_bytes=max_bytes)
-        return lengths, data, _no_release
+        return lengths, data, no_release
 
     def _page_view(self, page_no: int, begin: int, end: int) -> tuple[memoryview, Callable[[], None]]:
         """A read-only view of bytes [begin, end) of data page ``page_no`` and the call
@@ -1187,17 +849,17 @@ class BigArray:
     ) -> tuple[list[int], list[int], list[int]] | None:
         """Data pages, offsets and lengths of the items a read from ``start`` returns, read
         from the index with one struct call per index page, when it can return at most
-        ``_SMALL_READ_ITEMS`` items; None when it can return more (then
+        ``SMALL_READ_ITEMS`` items; None when it can return more (then
         :meth:`_range_fields` reads them). Checks ``start`` as :meth:`_range_fields` does;
         call it within :meth:`_reading`."""
         head = self._head
         end = head if max_items is None else min(head, start + max(1, max_items))
         stop = end
-        if end - start > _SMALL_READ_ITEMS:
+        if end - start > SMALL_READ_ITEMS:
             # More are there: a byte budget may still take few (judged by the first item).
             if max_bytes is None or not self._tail <= start < head:
                 return None
-            if max_bytes // max(1, self._index_record(start)[2]) >= _SMALL_READ_ITEMS:
+            if max_bytes // max(1, self._index_record(start)[2]) >= SMALL_READ_ITEMS:
                 return None
             stop = min(end, start + _SMALL_READ_WINDOW)  # smaller items after it: see below
         if not self._readable_from(start, head):
@@ -1222,11 +884,11 @@ class BigArray:
         out: tuple[Any, ...] = ()
         idx = start
         while idx < stop:
-            page_no = idx >> _PAGE_BITS
-            m = min(stop, (page_no + 1) << _PAGE_BITS) - idx
+            page_no = idx >> PAGE_BITS
+            m = min(stop, (page_no + 1) << PAGE_BITS) - idx
             ipage = self._index.acquire(page_no)
             try:
-                out += structs[m].unpack_from(ipage.mm, (idx & _SLOT_MASK) << _SLOT_BITS)
+                out += structs[m].unpack_from(ipage.mm, (idx & SLOT_MASK) << SLOT_BITS)
             finally:
                 self._index.release(ipage)
             idx += m
@@ -1370,83 +1032,6 @@ class BigArray:
                 self._data.release(dpage)
             yield blob, offsets[a:b] - first_off, lengths[a:b]
 
-    def find_closest_index(self, timestamp_ms: int) -> int:
-        """Index whose append time is closest to ``timestamp_ms`` (ties: the earlier).
-
-        ``EARLIEST`` (-1) gives tail and ``LATEST`` (-2) gives head.
-
-        Raises:
-            ArrayEmptyError: a real timestamp was given and the array is empty.
-        """
-        self._check_open()
-        if timestamp_ms == self.EARLIEST:
-            return self._tail
-        if timestamp_ms == self.LATEST:
-            return self._head
-        tail, head = self._tail, self._head
-        if tail == head:
-            raise ArrayEmptyError(f"array {self.path} is empty: no index is close to {timestamp_ms}")
-        pos = tail + bisect.bisect_left(range(tail, head), timestamp_ms, key=self.timestamp)
-        if pos == tail:
-            return tail
-        if pos == head:
-            return head - 1
-        before, after = self.timestamp(pos - 1), self.timestamp(pos)
-        return pos - 1 if timestamp_ms - before <= after - timestamp_ms else pos
-
-    # -- retention ---------------------------------------------------------------------
-    def remove_before_index(self, index: int) -> None:
-        """Make ``index`` the new tail and delete the pages wholly before it.
-
-        Indexes at or below the current tail are a no-op.
-
-        Raises:
-            IndexOutOfRangeError: ``index`` is beyond head.
-        """
-        with self._lock:
-            self._check_open()
-            if index > self._head:
-                raise IndexOutOfRangeError(index, self._tail, self._head)
-            if index <= self._tail:
-                return
-            self._tail = index
-            _I64.pack_into(self._meta_page.mm, fmt.META_TAIL_OFFSET, index)
-            self._delete_pages_below_tail()
-
-    def remove_before(self, timestamp_ms: int) -> None:
-        """Remove every item appended before ``timestamp_ms`` (ms since the epoch)."""
-        with self._lock:
-            self._check_open()
-            tail, head = self._tail, self._head
-            first_kept = tail + bisect.bisect_left(range(tail, head), timestamp_ms, key=self.timestamp)
-            self.remove_before_index(first_kept)
-
-    def limit_back_file_size(self, max_bytes: int) -> None:
-        """Delete the oldest data pages until the page files take at most ``max_bytes``.
-
-        The page being written is never deleted, so the files may stay above a very
-        small limit.
-        """
-        with self._lock:
-            self._check_open()
-            while self.back_file_size() > max_bytes and self._tail < self._head:
-                oldest_page = self._index_item(self._tail).page
-                if oldest_page >= self._data_page_no:
-                    break
-                tail, head = self._tail, self._head
-                keep = bisect.bisect_left(range(tail, head), oldest_page + 1, key=lambda i: self._index_item(i).page)
-                self.remove_before_index(tail + keep)
-
-    def back_file_size(self) -> int:
-        """Bytes of the index and data page files (their sizes, as Java's
-        ``getBackFileSize``: a whole page each, however little of it is on disk)."""
-        return self._index.total_file_size() + self._data.total_file_size()
-
-    def allocated_size(self) -> int:
-        """Disk space the index and data page files take (allocated blocks), in bytes:
-        what the array holds plus its reservations ahead of the writer."""
-        return self._index.allocated_size() + self._data.allocated_size()
-
     # -- lifecycle ---------------------------------------------------------------------
     def flush(self) -> None:
         """Write every mapped page back to disk (msync). Appends survive a process
@@ -1489,17 +1074,10 @@ class BigArray:
         return f"<BigArray {self.path!r} {state}>"
 
     # -- internals ---------------------------------------------------------------------
-    def _closed_error(self) -> ArrayClosedError:
-        return ArrayClosedError(f"array {self.path} is closed")
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise self._closed_error()
-
     def _close_files(self) -> None:
         self._closed = True
         self._data_fast_end = self._index_fast_end = -1
-        self._head_cell = _BE_I64()  # no export of the meta page left: it can be unmapped
+        self._head_cell = BE_I64()  # no export of the meta page left: it can be unmapped
         if self._prefetch:
             PREFETCHER.forget(self.path)
         for name in ("_index", "_data", "_meta"):
@@ -1508,79 +1086,12 @@ class BigArray:
                 factory.close()
         self._data_page = self._index_page = None
         self._close_write_fd()
-        self._data_mm = self._index_mm = _NO_PAGE.mm
-        self._read_index_page = self._read_data_page = _NO_PAGE
+        self._data_mm = self._index_mm = NO_PAGE.mm
+        self._read_index_page = self._read_data_page = NO_PAGE
         with contextlib.suppress(OSError):
             fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
             os.close(self._dir_fd)
-
-    def _load_extras(self, requested: int) -> int:
-        """Return the data page size: stored in our extras file, else inferred from an
-        existing (Java-written) data page, else ``requested``; then record it."""
-        path = os.path.join(self.path, fmt.EXTRAS_FILE)
-        try:
-            with open(path, encoding="utf-8") as f:
-                extras = json.load(f)
-            size = int(extras["data_page_size"])
-            if size != requested:
-                log.info("array %s keeps its data page size of %d bytes (asked for %d)", self.path, size, requested)
-        except FileNotFoundError:
-            size = requested
-            data_dir = os.path.join(self.path, fmt.DATA_DIR)
-            with contextlib.suppress(FileNotFoundError):
-                for name in sorted(os.listdir(data_dir)):
-                    if fmt.parse_page_file_name(name) is not None:
-                        size = os.stat(os.path.join(data_dir, name)).st_size
-                        log.info("array %s: data page size %d taken from its existing page %s", self.path, size, name)
-                        break
-            tmp = path + ".tmp"
-            try:
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump({"format_version": fmt.FORMAT_VERSION, "data_page_size": size}, f)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptArrayError(f"cannot read {path}: {exc}") from exc
-        if not fmt.MIN_DATA_PAGE_SIZE <= size <= fmt.MAX_DATA_PAGE_SIZE:
-            raise ValueError(
-                f"data page size {size} is outside [{fmt.MIN_DATA_PAGE_SIZE}, {fmt.MAX_DATA_PAGE_SIZE}] bytes"
-            )
-        return size
-
-    def _index_item(self, index: int) -> IndexItem:
-        """The index item (data page, offset, length, timestamp) of a readable index."""
-        return _index_item_of(self._index_record(index))
-
-    def _index_record(self, index: int) -> tuple[int, int, int, int]:
-        """:meth:`_index_item` as the plain tuple the struct unpacks (building an
-        IndexItem costs about 150 ns: timestamp() and item_length() skip it)."""
-        ipage = self._read_index_page  # the fast path of get(): see there
-        if ipage.page_no == index >> _PAGE_BITS and self._tail <= index < self._head:
-            try:
-                fast: tuple[int, int, int, int] = _unpack_index_item(ipage.mm, (index & _SLOT_MASK) << _SLOT_BITS)
-                return fast
-            except ValueError:
-                pass
-        self._check_open()
-        if not self._tail <= index < self._head:
-            raise IndexOutOfRangeError(index, self._tail, self._head)
-        try:
-            page = self._index.acquire(fmt.index_page_of(index))
-        except FileNotFoundError:
-            raise IndexOutOfRangeError(index, self._tail, self._head) from None
-        try:
-            item: tuple[int, int, int, int] = _unpack_index_item(page.mm, fmt.index_slot_offset(index))
-        except ValueError:
-            raise self._closed_error() from None
-        finally:
-            self._index.release(page)
-        if not self._closed:
-            self._read_index_page = page
-        return item
 
     def _room_for(self, n: int) -> MappedPage:
         """Make the head data page one with ``n`` free bytes reserved on disk at the
@@ -1679,127 +1190,3 @@ class BigArray:
                 PREFETCHER.prefetch(self._index.page_path(page_no), fmt.INDEX_PAGE_SIZE, start)
         self._index_page = new_page
         return new_page
-
-    def _derive_write_position(self) -> tuple[int, int]:
-        """The head data page and offset: just after item head - 1, or a fresh page."""
-        if self._head > 0:
-            try:
-                page_no, off, length, ts = self._raw_index_item(self._head - 1)
-                if self._data.exists(page_no):
-                    self._last_ts = ts
-                    return page_no, off + length
-            except FileNotFoundError:
-                pass
-        existing = self._data.page_numbers()
-        return (existing[-1] + 1 if existing else 0), 0
-
-    def _derive_next_offset(self) -> int:
-        """The next record offset: the end offset of item head - 1 (head when that
-        index item is gone: an array emptied and trimmed by Java, whose items all hold
-        one record)."""
-        head = self._head
-        if head == 0:
-            return 0
-        try:
-            with self._index.using(fmt.index_page_of(head - 1)) as page:
-                aux: int = _unpack_u64(page.mm, fmt.index_slot_offset(head - 1) + _AUX_OFFSET)[0]
-        except FileNotFoundError:
-            return head
-        return fmt.end_offset_of(head - 1, aux)
-
-    def _raw_index_item(self, index: int) -> IndexItem:
-        with self._index.using(fmt.index_page_of(index)) as page:
-            return _index_item_of(_unpack_index_item(page.mm, fmt.index_slot_offset(index)))
-
-    def _recover(self, check_items: int) -> Recovery:
-        """Roll head back past damaged items at the end; returns what was dropped.
-
-        Items beyond the last index page file are dropped at once; then windows of
-        ``check_items`` items below head are checked, going further back only while a
-        whole window is damaged (a truncated page can hold more items than a window).
-        """
-        head, tail = self._head, self._tail
-        if head == tail:
-            return Recovery(head, head)
-        index_pages = self._index.page_numbers()
-        last_page = index_pages[-1] if index_pages else -1
-        first_bad = min(head, max(tail, fmt.first_index_of_page(last_page + 1)))
-        hi = first_bad
-        window = max(check_items, 1)
-        while hi > tail:
-            start = max(tail, hi - window)
-            bad = self._first_bad_item(start, hi)
-            if bad is None:
-                break
-            first_bad = bad
-            if bad > start:
-                break
-            hi = start  # the whole window is damaged: look further back
-        if first_bad < head:
-            log.warning(
-                "array %s: dropped %d damaged item(s) at the end (indexes %d..%d); head rolled back to %d",
-                self.path,
-                head - first_bad,
-                first_bad,
-                head - 1,
-                first_bad,
-            )
-            self._head = first_bad
-            _I64.pack_into(self._meta_page.mm, fmt.META_HEAD_OFFSET, first_bad)
-            self._meta_page.flush()
-        return Recovery(head, self._head)
-
-    def _first_bad_item(self, start: int, end: int) -> int | None:
-        """The first index in [start, end) whose index item is damaged, or None."""
-        records = []
-        idx = start
-        first_bad: int | None = None
-        while idx < end:
-            page_no = fmt.index_page_of(idx)
-            slot = fmt.index_slot(idx)
-            m = min(end - idx, fmt.slots_left_in_page(idx))
-            if self._index.file_size(page_no) < fmt.INDEX_PAGE_SIZE:
-                first_bad = idx
-                break
-            with self._index.using(page_no) as page:
-                assert page.view is not None
-                records.append(page.view[slot : slot + m].copy())
-            idx += m
-        if records:
-            rec = np.concatenate(records)
-            pages = rec["page"].astype(np.int64)
-            offsets = rec["offset"].astype(np.int64)
-            lengths = rec["length"].astype(np.int64)
-            sizes = {int(p): self._data.file_size(int(p)) for p in np.unique(pages) if p >= 0}
-            page_sizes = np.array([sizes.get(int(p), -1) for p in pages], dtype=np.int64)
-            stamps = rec["timestamp"].astype(np.int64)
-            # Every append writes a timestamp >= 1, so 0 marks a record never written.
-            ok = (pages >= 0) & (offsets >= 0) & (lengths >= 0) & (offsets + lengths <= page_sizes) & (stamps > 0)
-            # End offsets: at least index + 1 (no item holds fewer than one record) and
-            # increasing strictly (an aux of 0 after a counted item is damage too).
-            aux = rec["aux"].astype(np.uint64)
-            indexes = np.arange(start + 1, start + 1 + len(rec), dtype=np.int64)
-            ends = np.where(aux == 0, indexes, (aux & np.uint64(fmt.OFFSET_MASK)).astype(np.int64))
-            ok &= ends >= indexes
-            ok[1:] &= ends[1:] > ends[:-1]
-            # Consecutive items follow each other in a page, or the next starts a later page.
-            same_page = pages[1:] == pages[:-1]
-            follows = np.where(
-                same_page,
-                offsets[1:] >= offsets[:-1] + lengths[:-1],  # a failed batch may leave a gap
-                (pages[1:] > pages[:-1]) & (offsets[1:] == 0),
-            )
-            ok[1:] &= follows
-            bad = np.flatnonzero(~ok)
-            if bad.size:
-                return start + int(bad[0])
-        return first_bad
-
-    def _delete_pages_below_tail(self) -> None:
-        """Delete the index pages that hold only items below tail - 1 and the data
-        pages that hold only items below tail."""
-        tail = self._tail
-        # the index item of tail - 1 stays: first_offset(tail) is its end offset
-        self._index.delete_pages_before(fmt.index_page_of(max(tail - 1, 0)))
-        first_data_page = self._index_item(tail).page if tail < self._head else self._data_page_no
-        self._data.delete_pages_before(first_data_page)

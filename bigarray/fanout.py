@@ -39,7 +39,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import format as fmt
-from .array import _BE_I64, _PAGE_BITS, _SLOT_BITS, _SLOT_MASK, BigArray, _no_release, _unpack_item_place
+from .array import BigArray, no_release
+from .codec import BE_I64, PAGE_BITS, SLOT_BITS, SLOT_MASK, unpack_item_place
 from .errors import ArrayClosedError, BigArrayError, IndexOutOfRangeError
 from .names import validate_name
 from .page import MappedPage, PageFactory
@@ -98,8 +99,8 @@ class _Group:
         self.page: MappedPage = self.factory.acquire(0, create=True)
         self.mm = self.page.mm  # referenced until close, so never unmapped before
         #: The position in the page as a ctypes big-endian int64 over the mapping: a
-        #: store costs a third of struct.pack_into (see bigarray.array._BE_I64).
-        self.cell = _BE_I64.from_buffer(self.mm, 0)
+        #: store costs a third of struct.pack_into (see bigarray.codec.BE_I64).
+        self.cell = BE_I64.from_buffer(self.mm, 0)
         #: The next index the group reads: what its page holds (the only writer is us).
         self.index: int = _I64.unpack_from(self.mm, 0)[0]
         #: The committed index (None: the group never committed) and its page.
@@ -136,7 +137,7 @@ class _Group:
 
     def close(self) -> None:
         self.closed = True
-        self.cell = _BE_I64()  # no export of the page left: it can be unmapped
+        self.cell = BE_I64()  # no export of the page left: it can be unmapped
         self.factory.close()
         if self.cfactory is not None:
             self.cfactory.close()
@@ -322,9 +323,9 @@ class FanoutQueue:
                     return None
                 item = None
                 ipage = array._read_index_page
-                if ipage.page_no == index >> _PAGE_BITS and array._tail <= index:
+                if ipage.page_no == index >> PAGE_BITS and array._tail <= index:
                     try:
-                        page_no, off, length = _unpack_item_place(ipage.mm, (index & _SLOT_MASK) << _SLOT_BITS)
+                        page_no, off, length = unpack_item_place(ipage.mm, (index & SLOT_MASK) << SLOT_BITS)
                         dpage = array._read_data_page
                         if dpage.page_no == page_no:
                             item = dpage.mm[off : off + length]
@@ -407,7 +408,7 @@ class FanoutQueue:
         start, (lengths, data, release) = self._take(
             group,
             lambda i: self.array.read_range_view(i, max_items=max_items, max_bytes=max_bytes),
-            (np.zeros(0, dtype=np.int64), b"", _no_release),
+            (np.zeros(0, dtype=np.int64), b"", no_release),
         )
         return start, lengths, data, release
 
