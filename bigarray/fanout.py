@@ -39,11 +39,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import format as fmt
-from .array import BigArray, no_release
+from .array import BigArray
 from .codec import BE_I64, PAGE_BITS, SLOT_BITS, SLOT_MASK, unpack_item_place
 from .errors import ArrayClosedError, BigArrayError, IndexOutOfRangeError
 from .names import validate_name
 from .page import MappedPage, PageFactory
+from .read import no_release
 
 log = logging.getLogger(__name__)
 

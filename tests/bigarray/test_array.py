@@ -955,13 +955,13 @@ def test_a_fast_writer_finds_its_next_reserved_bytes_mapped(tmp_path, monkeypatc
     Nothing past the reserved bytes is touched (a fault into an unreserved hole of a full
     disk would be a SIGBUS). A slow writer, or one without prefetch, faults in only what
     it writes."""
-    from bigarray import array as array_module
+    from bigarray import write as write_module
     from bigarray.prefetch import PREFETCHER
 
     if writer != "no prefetch" and not PREFETCHER.populates:
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
     if writer == "slow":
-        monkeypatch.setattr(array_module, "_POPULATE_WITHIN_S", 0.0)
+        monkeypatch.setattr(write_module, "_POPULATE_WITHIN_S", 0.0)
     path = tmp_path / "a"
     prefetch = writer != "no prefetch"
     with BigArray(path, data_page_size=8 << 20, reserve_step=1 << 20, prefetch=prefetch) as arr:
