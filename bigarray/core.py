@@ -190,18 +190,29 @@ class ArrayCore:
         if not self._tail <= index < self._head:
             raise IndexOutOfRangeError(index, self._tail, self._head)
         try:
-            page = self._index.acquire(fmt.index_page_of(index))
+            item: tuple[int, int, int, int] = self._unpack_index_slot(index, unpack_index_item, 0)
         except FileNotFoundError:
             raise IndexOutOfRangeError(index, self._tail, self._head) from None
+        return item
+
+    def _unpack_index_slot(self, index: int, unpack: Callable[[Any, int], Any], at: int) -> Any:
+        """``unpack(mapping, at + slot offset of index)`` of index ``index``'s page, mapped
+        through the page factory (the slow path of _index_record and _aux: no call is
+        added to their fast paths); remembers the page for those fast paths.
+
+        Raises:
+            FileNotFoundError: the index page is gone.
+        """
+        page = self._index.acquire(fmt.index_page_of(index))
         try:
-            item: tuple[int, int, int, int] = unpack_index_item(page.mm, fmt.index_slot_offset(index))
+            value = unpack(page.mm, fmt.index_slot_offset(index) + at)
         except ValueError:
             raise self._closed_error() from None
         finally:
             self._index.release(page)
         if not self._closed:
             self._read_index_page = page
-        return item
+        return value
 
     def _check_span(self, start: int, count: int) -> None:
         """Raise unless the array is open and [start, start + count) inside [tail, head)."""

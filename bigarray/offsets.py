@@ -179,15 +179,7 @@ class ArrayOffsets(ArrayCore):
             except ValueError:
                 pass
         self._check_open()
-        page = self._index.acquire(fmt.index_page_of(index))
-        try:
-            aux: int = unpack_u64(page.mm, fmt.index_slot_offset(index) + AUX_OFFSET)[0]
-        except ValueError:
-            raise self._closed_error() from None
-        finally:
-            self._index.release(page)
-        if not self._closed:
-            self._read_index_page = page
+        aux: int = self._unpack_index_slot(index, unpack_u64, AUX_OFFSET)[0]
         return aux
 
     def timestamps(self, start: int, count: int) -> list[int]:
