@@ -434,6 +434,8 @@ class TopicManager:
         except DiskFullError as exc:
             _limited.error("disk-full", "append to topic %r failed: %s", name, exc)
             raise TopicStorageError(str(exc)) from exc
+        except TimeoutError:  # another thread held the topic busy too long: not storage
+            raise
         except OSError as exc:
             if is_fd_exhaustion(exc):
                 _limited.error("fd-limit", "append to topic %r failed: %s", name, exc)
