@@ -400,9 +400,10 @@ class TopicManager:
         kind: int = KIND_LUXUN,
         *,
         create: bool = True,
+        call: str = "append",
     ) -> tuple[Topic, int]:
         """Append ``items`` to topic ``name``: ``(topic, index of the first item)``. The
-        one append of every door.
+        one append of every door. ``call`` names the request in log lines ("produce").
 
         ``counts``: record offsets each item holds (a Kafka batch holds its records;
         default one each), ``kind``: the items' kind (:mod:`luxun.partitions`).
@@ -432,15 +433,15 @@ class TopicManager:
             else:  # not open, not existing, or being created: the slow path
                 topic, index = self.create_and_append(name, items, counts, kind, create=create)
         except DiskFullError as exc:
-            _limited.error("disk-full", "append to topic %r failed: %s", name, exc)
+            _limited.error("disk-full", "%s to topic %r failed: %s", call, name, exc)
             raise TopicStorageError(str(exc)) from exc
         except TimeoutError:  # another thread held the topic busy too long: not storage
             raise
         except OSError as exc:
             if is_fd_exhaustion(exc):
-                _limited.error("fd-limit", "append to topic %r failed: %s", name, exc)
+                _limited.error("fd-limit", "%s to topic %r failed: %s", call, name, exc)
             else:
-                _limited.exception("append-io", "append to topic %r failed", name)
+                _limited.exception("append-io", "%s to topic %r failed", call, name)
             raise TopicStorageError(f"cannot append to topic {name!r}: {exc}") from exc
         stats = topic.stats
         n = len(items)

@@ -334,7 +334,7 @@ class KafkaLog:
         counts = [b.record_count for b in batches]
         # The topic manager's one append (stats, log.flush.count, wake-ups, storage errors);
         # never creates a partition: CreateTopics and auto-creation do (self.create).
-        part, first = self.topics.append(part.name, items, counts, KIND_KAFKA_BATCH, create=False)
+        part, first = self.topics.append(part.name, items, counts, KIND_KAFKA_BATCH, create=False, call="Kafka produce")
         queue = part.queue
         base = queue.first_offset(first)
         offset = base

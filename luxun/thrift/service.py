@@ -306,7 +306,7 @@ class QueueHandler:
                 size = len(items[0])
                 if size > self.max_message_size:
                     return MessageSizeTooLarge(name, size, self.max_message_size).to_result(), 0
-            return _OK, self.topics.append(name, items)[1]
+            return _OK, self.topics.append(name, items, call=call)[1]
         except InvalidNameError as exc:
             return InvalidTopic(name, str(exc)).to_result(), 0
         except ItemTooLargeError as exc:
