@@ -32,21 +32,22 @@ import random
 import threading
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .connection import BrokerConnection, parse_broker_list
+from .connection import parse_broker_list
 from .errors import (
     BrokerError,
     BrokerUnavailableError,
     BufferFullError,
     ClientClosedError,
+    LuxunClientError,
     MessageDroppedError,
 )
-from .messages import GZIP, NO_COMPRESSION, SNAPPY, encode_pack, get_serde
+from .messages import GZIP, NO_COMPRESSION, SNAPPY, get_serde
+from .sender import Batch, BrokerSender, RateLimiter, pack_parts
 
 log = logging.getLogger(__name__)
 
@@ -177,112 +178,16 @@ def _codec(value: str) -> int:
         raise ValueError("compression.codec must be 0/none, 1/gzip or 2/snappy") from None
 
 
-class _Batch:
+class _Batch(Batch):
     """Messages bound for one pack. They share one future: a pack is sent (and gets its
     index) or dropped as a whole, and one Future per message would cost more than the
     send itself."""
 
-    __slots__ = ("created", "future", "messages", "size", "topic")
+    __slots__ = ("future",)
 
     def __init__(self, topic: str) -> None:
-        self.topic = topic
-        self.messages: list[bytes] = []
+        super().__init__(topic, time.monotonic())
         self.future: Future[int | None] = Future()
-        self.size = 0
-        self.created = time.monotonic()
-
-
-class _RateLimit:
-    __slots__ = ("count", "interval_s", "limit", "window_start")
-
-    def __init__(self, limit: int, interval_ms: int) -> None:
-        self.limit = limit
-        self.interval_s = interval_ms / 1000
-        self.window_start = time.monotonic()
-        self.count = 0
-
-    def allow(self, now: float) -> bool:
-        if now - self.window_start >= self.interval_s:
-            self.window_start = now
-            self.count = 0
-        if self.count >= self.limit:
-            return False
-        self.count += 1
-        return True
-
-
-class _Sender(threading.Thread):
-    """Owns one broker's accumulators and sends its packs in order."""
-
-    def __init__(self, producer: Producer, address: str) -> None:
-        super().__init__(name=f"luxun-producer-{address}", daemon=True)
-        self.producer = producer
-        self.address = address
-        self.conn = BrokerConnection(address, timeout_ms=producer.config.request_timeout_ms)
-        self.open: dict[str, _Batch] = {}  # topic -> batch being filled
-        self.ready: deque[_Batch] = deque()  # full batches, in order
-        self.in_flight = 0
-
-    def run(self) -> None:
-        p = self.producer
-        cond = p._cond
-        linger_s = p.config.linger_ms / 1000
-        while True:
-            with cond:
-                while True:
-                    now = time.monotonic()
-                    for topic, batch in list(self.open.items()):
-                        if p._flushing or p._closing or now - batch.created >= linger_s:
-                            self.ready.append(batch)
-                            del self.open[topic]
-                    if self.ready:
-                        batch = self.ready.popleft()
-                        self.in_flight += 1
-                        break
-                    if p._closing:
-                        return
-                    oldest = min((b.created for b in self.open.values()), default=None)
-                    cond.wait(None if oldest is None else max(0.0, oldest + linger_s - now))
-            try:
-                self._send(batch)
-            finally:
-                with cond:
-                    self.in_flight -= 1
-                    p._buffered -= len(batch.messages)
-                    cond.notify_all()
-
-    def _send(self, batch: _Batch) -> None:
-        p = self.producer
-        cfg = p.config
-        payload = p._pack(batch.topic, batch.messages)
-        backoff_s = cfg.retry_backoff_ms / 1000
-        attempt = 0
-        while True:
-            try:
-                if cfg.sync:
-                    index = self.conn.produce(payload, batch.topic).index
-                else:
-                    self.conn.produce(payload, batch.topic, oneway=True)
-                    index = None
-                p._count_sent(batch.topic, len(batch.messages))
-                batch.future.set_result(index)
-                return
-            except BrokerUnavailableError as exc:
-                attempt += 1
-                if attempt > cfg.num_retries or p._abandon.is_set():
-                    p._drop(batch.topic, batch.future, len(batch.messages), DROP_BROKER_DOWN, str(exc))
-                    return
-                log.warning("broker %s failed (%s); retry %d of %d in %.2fs", self.address, exc, attempt,
-                            cfg.num_retries, backoff_s)  # fmt: skip
-                p._abandon.wait(backoff_s)
-                backoff_s = min(backoff_s * 2, cfg.max_backoff_ms / 1000)
-            except BrokerError as exc:
-                if exc.retriable and attempt < cfg.num_retries:
-                    attempt += 1
-                    p._abandon.wait(backoff_s)
-                    continue
-                p._drop(batch.topic, batch.future, len(batch.messages), DROP_REJECTED, str(exc))
-                return
 
 
 class Producer:
@@ -308,16 +213,28 @@ class Producer:
         self._serde = get_serde(self.config.serializer)
         self._cond = threading.Condition(threading.Lock())
         self._buffered = 0
-        self._flushing = 0
+        self._flushing = 0  # flush() calls waiting: a batch goes to its sender at once
         self._closing = False
         self._closed = False
         self._abandon = threading.Event()
-        self._limits = {t: _RateLimit(n, ms) for t, (n, ms) in self.config.rate_limits.items()}
+        self._linger_s = self.config.linger_ms / 1000
+        self._limits = {t: RateLimiter(n, ms) for t, (n, ms) in self.config.rate_limits.items()}
         self._sent: dict[str, int] = {}
         self._dropped: dict[tuple[str, str], int] = {}
-        self._senders = [_Sender(self, address) for address in self.config.brokers]
+        cfg = self.config
+        #: per broker: topic -> the batch being filled
+        self._open: list[dict[str, _Batch]] = [{} for _ in cfg.brokers]
+        # One pack at a time per broker (depth 1): a failed pack is sent again before any
+        # later one, to the same broker (a key's broker is fixed), so per-topic order is kept.
+        self._senders = [self._sender(i, address) for i, address in enumerate(cfg.brokers)]
         for sender in self._senders:
             sender.start()
+
+    def _sender(self, index: int, address: str) -> BrokerSender[_Batch]:
+        cfg = self.config
+        return BrokerSender(self, index, address, name=f"luxun-producer-{address}", timeout_ms=cfg.request_timeout_ms,
+                            retry_backoff_s=cfg.retry_backoff_ms / 1000, max_backoff_s=cfg.max_backoff_ms / 1000,
+                            oneway=not cfg.sync)  # fmt: skip
 
     # -- sending -----------------------------------------------------------------------
     def send(self, topic: str, value: Any, key: bytes | str | None = None) -> Future[int | None]:
@@ -360,18 +277,17 @@ class Producer:
             if self._closing:
                 raise ClientClosedError("the producer is closed")
         n = len(self._senders)
-        sender = self._senders[cfg.partitioner(key, n) % n if n > 1 else 0]
-        batch = sender.open.get(topic)
+        i = cfg.partitioner(key, n) % n if n > 1 else 0
+        accumulating = self._open[i]
+        batch = accumulating.get(topic)
         if batch is None:
-            batch = sender.open[topic] = _Batch(topic)
-            self._cond.notify_all()  # the sender now waits for the linger time
-        batch.messages.append(data)
-        batch.size += len(data)
+            batch = accumulating[topic] = _Batch(topic)
+            self._senders[i].poke()  # the sender now waits for the linger time
+        batch.add(data)
         self._buffered += 1
-        if len(batch.messages) >= cfg.batch_size or batch.size >= cfg.batch_bytes:
-            sender.ready.append(batch)
-            del sender.open[topic]
-            self._cond.notify_all()
+        if batch.count >= cfg.batch_size or batch.value_bytes >= cfg.batch_bytes or self._flushing:
+            del accumulating[topic]
+            self._senders[i].put(batch)
         return batch.future
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -382,8 +298,8 @@ class Producer:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._flushing += 1
-            self._cond.notify_all()
             try:
+                self._close_open_batches()
                 while self._buffered > 0:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
@@ -392,6 +308,13 @@ class Producer:
                 return True
             finally:
                 self._flushing -= 1
+
+    def _close_open_batches(self) -> None:
+        """Hand every batch being filled to its sender (lock held)."""
+        for accumulating, sender in zip(self._open, self._senders, strict=True):
+            for batch in accumulating.values():
+                sender.put(batch)
+            accumulating.clear()
 
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` seconds), then stop. Messages still unsent after the
@@ -402,21 +325,24 @@ class Producer:
         self.flush(timeout)
         with self._cond:
             self._closing = True
+            self._close_open_batches()
             self._cond.notify_all()
-        self._abandon.set()
+        self._abandon.set()  # no more retries: each pack left is tried once
+        for sender in self._senders:
+            sender.finish(abandon=False)
         for sender in self._senders:
             sender.join(timeout if timeout is not None else None)
         leftovers: list[_Batch] = []
         with self._cond:
             for sender in self._senders:
-                leftovers += list(sender.ready) + list(sender.open.values())
-                sender.ready.clear()
-                sender.open.clear()
+                with sender.cond:
+                    leftovers += sender.queue
+                    sender.queue.clear()
             for batch in leftovers:
-                self._buffered -= len(batch.messages)
+                self._buffered -= batch.count
             self._cond.notify_all()
         for batch in leftovers:
-            self._drop(batch.topic, batch.future, len(batch.messages), DROP_CLOSED, "producer closed before sending")
+            self._drop(batch.topic, batch.future, batch.count, DROP_CLOSED, "producer closed before sending")
         for sender in self._senders:
             sender.conn.close()
         self._closed = True
@@ -437,18 +363,69 @@ class Producer:
             return {"sent": dict(self._sent), "dropped": dropped, "buffered": self._buffered}
 
     # -- internals ---------------------------------------------------------------------
-    def _pack(self, topic: str, messages: list[bytes]) -> bytes:
+    # -- what the senders' outcomes mean (SendOwner) -------------------------------------
+    def pack(self, batch: _Batch) -> list[bytes | bytearray]:
         cfg = self.config
         codec = cfg.compression_codec
-        if codec != NO_COMPRESSION and (not cfg.compressed_topics or topic in cfg.compressed_topics):
-            raw = encode_pack(messages, NO_COMPRESSION)
-            if len(raw) < cfg.min_compress_bytes:
-                return raw
-            packed = encode_pack(messages, codec)
-            if len(packed) > cfg.max_compression_ratio * len(raw):
-                return raw
-            return packed
-        return encode_pack(messages, NO_COMPRESSION)
+        if codec != NO_COMPRESSION and (not cfg.compressed_topics or batch.topic in cfg.compressed_topics):
+            return pack_parts(batch, codec, cfg.min_compress_bytes, cfg.max_compression_ratio * 100)
+        return pack_parts(batch, NO_COMPRESSION)
+
+    def poll(self, sender: BrokerSender[_Batch]) -> float | None:
+        """Hand the sender its batches that lingered ``linger_ms``; the time until the next."""
+        linger_s = self._linger_s
+        with self._cond:
+            accumulating = self._open[sender.index]
+            if not accumulating:
+                return None
+            now = time.monotonic()
+            oldest = None
+            for topic, batch in list(accumulating.items()):
+                if now - batch.created >= linger_s:
+                    del accumulating[topic]
+                    sender.put(batch)
+                elif oldest is None or batch.created < oldest:
+                    oldest = batch.created
+            return None if oldest is None else max(0.0, oldest + linger_s - now)
+
+    def round_trip(self, sender: BrokerSender[_Batch]) -> None:
+        pass
+
+    def delivered(self, sender: BrokerSender[_Batch], batch: _Batch, index: int | None) -> None:
+        self._count_sent(batch.topic, batch.count)
+        batch.future.set_result(index)
+        self._settled(batch)
+
+    def refused(self, sender: BrokerSender[_Batch], batch: _Batch, exc: BrokerError, size: int) -> None:
+        self._drop(batch.topic, batch.future, batch.count, DROP_REJECTED, str(exc))
+        self._settled(batch)
+
+    def failed(self, sender: BrokerSender[_Batch], exc: LuxunClientError) -> None:
+        pass
+
+    def give_up(self, sender: BrokerSender[_Batch], batch: _Batch, exc: LuxunClientError) -> bool:
+        cfg = self.config
+        if batch.attempts <= cfg.num_retries and not self._abandon.is_set():
+            if isinstance(exc, BrokerUnavailableError):
+                log.warning("broker %s failed (%s); retry %d of %d in %.2fs", sender.address, exc, batch.attempts,
+                            cfg.num_retries, sender.down_until - time.monotonic())  # fmt: skip
+            return False
+        reason = DROP_BROKER_DOWN if isinstance(exc, BrokerUnavailableError) else DROP_REJECTED
+        self._drop(batch.topic, batch.future, batch.count, reason, str(exc))
+        self._settled(batch)
+        sender.reset_backoff()  # the back-off is per pack: the next one is sent at once
+        return True
+
+    def reroute(self, sender: BrokerSender[_Batch], batches: list[_Batch]) -> None:
+        raise AssertionError("the producer's senders do not fail over")  # failover=False
+
+    def abandoned(self, sender: BrokerSender[_Batch], batch: _Batch) -> None:
+        raise AssertionError("the producer's senders are never abandoned")  # finish(abandon=False)
+
+    def _settled(self, batch: _Batch) -> None:
+        with self._cond:
+            self._buffered -= batch.count
+            self._cond.notify_all()
 
     def _count_sent(self, topic: str, n: int) -> None:
         with self._cond:
