@@ -14,7 +14,8 @@ Threads (as in Dory):
   messages) until the topic's time, count or byte limit; hands a closed batch to a sender.
   PartitionKey: broker ``key % n`` in the ``--broker`` order, the next one up when it is down.
   AnyPartition: round robin over the brokers that are up.
-- **senders**: one per broker; each batch becomes one message pack (one queue item,
+- **senders**: one per broker (the clients' one sender, :class:`clients.sender.BrokerSender`,
+  the agent's outcomes in :class:`_Outcomes`); each batch becomes one message pack (one queue item,
   compressed per topic) sent with acknowledged ``produce``; the batches queued for a broker
   (up to _PIPELINE_DEPTH, _PIPELINE_BYTES) go in one round trip, pipelined (Luxun's produce
   takes one pack of one topic: there is no call to merge them into). A broker that cannot
@@ -81,13 +82,13 @@ from typing import Any
 
 from idl import luxun_thrift as T
 
-from ..connection import CALL_ERRORS, BrokerConnection, produce_call_parts, send_parts
-from ..errors import LuxunClientError, MessageSizeTooLargeError, broker_error
-from ..messages import NO_COMPRESSION, snappy_available
-from ..pack import encode_pack_written, pack_written_parts
+from ..connection import BrokerConnection
+from ..errors import BrokerError, LuxunClientError, MessageSizeTooLargeError
+from ..messages import snappy_available
+from ..sender import Batch, BrokerSender, RateLimiter, pack_parts
 from . import discardlog as D
 from . import stats as S
-from .config import CODECS, AgentConfig, RateLimit
+from .config import CODECS, AgentConfig
 from .discardlog import DiscardLog, values_of
 from .mmsg import batch_receiver
 from .wire import Fields, Malformed, Run, UnsupportedApiKey, UnsupportedVersion, parse_checked, parse_runs
@@ -187,27 +188,23 @@ class Pool:
             self.used -= n
 
 
-class _Batch:
-    __slots__ = ("attempts", "bytes", "charge", "count", "created", "group", "linger_s", "max_ts", "min_ts",
-                 "preferred", "settled", "topic", "written")  # fmt: skip
+class _Batch(Batch):
+    """The shared batch (:class:`clients.sender.Batch`), written to by the router: the
+    values as a pack lists them, written as they come: one buffer per batch rather than
+    an object per message, so that memory freed by a delivered batch is whole blocks the
+    allocator reuses or returns (objects of many small messages spread over pymalloc arenas
+    kept RSS up after they were freed)."""
+
+    __slots__ = ("charge", "group", "linger_s", "max_ts", "min_ts", "preferred", "settled")
 
     def __init__(self, topic: str, group: int, preferred: int | None, now: float, linger_s: float) -> None:
+        super().__init__(topic, now)
         self.linger_s = linger_s
-        self.topic = topic
         self.group = group  # -1: AnyPartition, else the preferred broker
         self.preferred = preferred
-        # The values as a pack lists them (i32 length, bytes), written as they come: one
-        # buffer per batch rather than an object per message, so that memory freed by a
-        # delivered batch is whole blocks the allocator reuses or returns (objects of many
-        # small messages spread over pymalloc arenas kept RSS up after they were freed).
-        self.written = bytearray()
-        self.count = 0
-        self.bytes = 0
         self.charge = 0
-        self.created = now
         self.min_ts = 1 << 62
         self.max_ts = -(1 << 62)
-        self.attempts = 0
         self.settled = False
 
 
@@ -219,28 +216,11 @@ class _TopicState:
     def __init__(self, name: str, cfg: AgentConfig) -> None:
         self.name = name
         rule = cfg.rate_limit(name)
-        self.limiter = _Limiter(rule) if rule is not None else None
+        self.limiter = RateLimiter(rule.max_count, rule.interval_ms) if rule is not None else None
         b = cfg.batching(name)
         self.linger_s = (b.time_ms if b.time_ms is not None else 1 << 30) / 1000
         self.max_messages = 1 if b.time_ms == 0 else (b.messages if b.messages is not None else 1 << 62)
         self.max_bytes = b.bytes if b.bytes is not None else 1 << 62
-
-
-class _Limiter:
-    __slots__ = ("count", "interval_s", "limit", "start")
-
-    def __init__(self, rule: RateLimit) -> None:
-        self.limit = rule.max_count
-        self.interval_s = rule.interval_ms / 1000
-        self.start = time.monotonic()
-        self.count = 0
-
-    def allow(self, now: float) -> bool:
-        if now - self.start >= self.interval_s:
-            self.start = now
-            self.count = 0
-        self.count += 1
-        return self.limit is None or self.count <= self.limit
 
 
 def topic_name_problem(name: str) -> str | None:
@@ -371,156 +351,55 @@ def charge_of(f: Fields) -> int:
     return (28 if f[1] is None else 32) + len(f[0]) + len(f[3]) + len(f[4]) + MSG_OVERHEAD_BYTES
 
 
-class _Pipelined(BrokerConnection):
-    """A broker connection that sends several produce calls before reading their answers.
+class _Outcomes:
+    """What a sender's outcomes mean to the agent (the senders' :class:`SendOwner`):
+    delivered and discarded batches settled (pool bytes, counters, the discard log); after a
+    broken connection, batches routed again; a batch discarded after
+    ``maxFailedDeliveryAttempts``."""
 
-    The Luxun API has no call that stores packs of several topics at once (``produce``
-    takes one item of one topic), so the batches queued for a broker go as a pipeline: all
-    their requests written on the connection, then the answers read in order (the broker
-    serves a connection's calls one after the other): one round trip for them all.
-    """
-
-    def produce_all(
-        self, calls: Iterator[list[bytes | bytearray]], n: int
-    ) -> tuple[list[Any], LuxunClientError | None]:
-        """Send the ``n`` produce calls (each as the buffers of
-        :func:`~clients.connection.produce_call_parts`, made one at a time, so that at most
-        one compressed pack at a time is in memory); return the answers read, in order,
-        and what stopped the pipeline (None: all answered). Calls past the answers read
-        may or may not have been carried out."""
-        answers: list[Any] = []
-        try:
-            client = self._connect()
-        except LuxunClientError as exc:
-            return answers, exc
-        try:
-            sock = client._oprot.trans.sock  # written to directly: the transport buffers nothing
-            for parts in calls:
-                send_parts(sock, parts)
-            for _ in range(n):
-                answers.append(client._recv("produce"))
-        except CALL_ERRORS as exc:
-            return answers, self._lost(exc, "produce")
-        self._answered = True
-        return answers, None
-
-
-class _Sender(threading.Thread):
-    def __init__(self, agent: Agent, index: int, address: str) -> None:
-        super().__init__(name=f"luxun-agent-send-{address}", daemon=True)
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self.index = index
-        self.address = address
-        self.conn = _Pipelined(address, timeout_ms=agent.config.broker_timeout_ms,
-                               connect_timeout_ms=min(agent.config.broker_timeout_ms, 2_000))  # fmt: skip
-        self.cond = threading.Condition(threading.Lock())
-        self.queue: deque[_Batch] = deque()
-        self.in_flight: list[_Batch] = []
-        self.down_until = 0.0
-        self.backoff_s = agent.config.retry_backoff_ms / 1000
-        self.ok = 0
-        self.failed = 0
 
-    def put(self, batch: _Batch) -> None:
-        with self.cond:
-            self.queue.append(batch)
-            self.cond.notify()
+    def pack(self, batch: _Batch) -> list[bytes | bytearray]:
+        cfg = self.agent.config
+        comp = cfg.compression(batch.topic)
+        return pack_parts(batch, CODECS[comp.codec], comp.min_size_bytes, cfg.compression_size_threshold_percent)
 
-    def run(self) -> None:
+    def poll(self, sender: BrokerSender[_Batch]) -> float | None:
+        return None  # the router hands batches over when they are due
+
+    def round_trip(self, sender: BrokerSender[_Batch]) -> None:
+        self.agent.stats.incr("SendProduceRoundTrip")
+
+    def delivered(self, sender: BrokerSender[_Batch], batch: _Batch, index: int | None) -> None:
+        self.agent.stats.incr("SendProduceRequestOk")
+        self.agent._settle(batch, None)
+
+    def refused(self, sender: BrokerSender[_Batch], batch: _Batch, exc: BrokerError, size: int) -> None:
+        if isinstance(exc, MessageSizeTooLargeError):
+            self.agent._refused(batch, S.TOO_LARGE, f"broker {sender.address} refused a {size}-byte pack: {exc}",
+                                D.LONG_MSG)  # fmt: skip
+        else:
+            self.agent._refused(batch, S.BROKER_FAILURE, f"broker {sender.address} refused a pack: {exc}",
+                                D.ERROR_ACK)  # fmt: skip
+
+    def failed(self, sender: BrokerSender[_Batch], exc: LuxunClientError) -> None:
         agent = self.agent
-        while True:
-            leftovers: list[_Batch] | None
-            with self.cond:
-                while True:
-                    if agent._abandon:
-                        leftovers = list(self.queue)
-                        self.queue.clear()
-                        break
-                    now = time.monotonic()
-                    if self.queue and now >= self.down_until:
-                        leftovers = None
-                        batches = [self.queue.popleft()]
-                        size = batches[0].bytes
-                        while self.queue and len(batches) < _PIPELINE_DEPTH and size < _PIPELINE_BYTES:
-                            batches.append(self.queue.popleft())
-                            size += batches[-1].bytes
-                        self.in_flight = batches
-                        break
-                    if agent._senders_stop and not self.queue:
-                        return
-                    self.cond.wait(max(0.001, self.down_until - now) if self.queue else 0.5)
-            if leftovers is not None:
-                for b in leftovers:
-                    agent._settle(b, S.SHUTDOWN)
-                return
-            try:
-                self._send(batches)
-            finally:
-                self.in_flight = []
-
-    def _send(self, batches: list[_Batch]) -> None:
-        agent = self.agent
-        sizes: list[int] = []
-
-        def calls() -> Iterator[list[bytes | bytearray]]:
-            for b in batches:
-                item = agent._pack(b)
-                size = sum(map(len, item))
-                sizes.append(size)
-                yield produce_call_parts(item, size, b.topic)
-
-        answers, broken = self.conn.produce_all(calls(), len(batches))
-        agent.stats.incr("SendProduceRoundTrip")
-        retry: list[_Batch] = []
-        last_refusal: Exception | None = None
-        for batch, size, answer in zip(batches, sizes, answers, strict=False):
-            result = answer.result
-            if result.resultCode == T.ResultCode.SUCCESS:
-                self.ok += 1
-                self.backoff_s = agent.config.retry_backoff_ms / 1000
-                agent.stats.incr("SendProduceRequestOk")
-                agent._settle(batch, None)
-                continue
-            exc = broker_error(result.resultCode, result.errorCode, result.errorMessage)
-            if isinstance(exc, MessageSizeTooLargeError):
-                agent._refused(batch, S.TOO_LARGE, f"broker {self.address} refused a {size}-byte pack: {exc}",
-                               D.LONG_MSG)  # fmt: skip
-            elif exc.retriable:
-                retry.append(batch)
-                last_refusal = exc
-            else:
-                agent._refused(batch, S.BROKER_FAILURE, f"broker {self.address} refused a pack: {exc}", D.ERROR_ACK)
-        if broken is not None:  # the unanswered ones go to the router again, with the queue
-            self._failed(retry + batches[len(answers) :], broken, reroute=True)
-        elif retry:
-            assert last_refusal is not None
-            self._failed(retry, last_refusal, reroute=False)
-
-    def _failed(self, batches: list[_Batch], exc: Exception, *, reroute: bool) -> None:
-        agent = self.agent
-        cfg = agent.config
-        self.failed += 1
         agent.stats.incr("SendProduceRequestFail")
-        agent._log_limited(f"down:{self.address}", f"broker {self.address}: {exc}; backing off {self.backoff_s:.1f} s")
-        with self.cond:
-            self.down_until = time.monotonic() + self.backoff_s
-            self.backoff_s = min(self.backoff_s * 2, cfg.max_retry_backoff_ms / 1000)
-            moved = list(self.queue) if reroute else []
-            if reroute:
-                self.queue.clear()
-        again: list[_Batch] = []
-        for batch in batches:
-            batch.attempts += 1
-            if batch.attempts >= cfg.max_failed_delivery_attempts:
-                agent._settle(batch, S.BROKER_FAILURE)
-            else:
-                again.append(batch)
-        if reroute:
-            if again or moved:
-                agent._reroute(again + moved)
-        elif again:
-            with self.cond:
-                self.queue.extendleft(reversed(again))
+        agent._log_limited(f"down:{sender.address}", f"broker {sender.address}: {exc}; backing off "
+                           f"{sender.backoff_s:.1f} s")  # fmt: skip
+
+    def give_up(self, sender: BrokerSender[_Batch], batch: _Batch, exc: LuxunClientError) -> bool:
+        if batch.attempts >= self.agent.config.max_failed_delivery_attempts:
+            self.agent._settle(batch, S.BROKER_FAILURE)
+            return True
+        return False
+
+    def reroute(self, sender: BrokerSender[_Batch], batches: list[_Batch]) -> None:
+        self.agent._reroute(batches)
+
+    def abandoned(self, sender: BrokerSender[_Batch], batch: _Batch) -> None:
+        self.agent._settle(batch, S.SHUTDOWN)
 
 
 class Agent:
@@ -547,7 +426,6 @@ class Agent:
         self._wake_router = threading.Event()
         self._stopping = False  # inputs stop reading
         self._draining = False  # the router sends every batch at once
-        self._senders_stop = False
         self._abandon = False
         self._router_done = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
@@ -558,7 +436,15 @@ class Agent:
         self._conns_lock = threading.Lock()
         self._conns_shut = False  # stop shut the connections down: a later one is at once
         self._input_deadline = 0.0  # at stop: inputs stop reading what was queued then
-        self.senders = [_Sender(self, i, a) for i, a in enumerate(config.brokers)]
+        outcomes = _Outcomes(self)
+        self.senders = [
+            BrokerSender(outcomes, i, a, name=f"luxun-agent-send-{a}", timeout_ms=config.broker_timeout_ms,
+                         connect_timeout_ms=min(config.broker_timeout_ms, 2_000),
+                         retry_backoff_s=config.retry_backoff_ms / 1000,
+                         max_backoff_s=config.max_retry_backoff_ms / 1000, depth=_PIPELINE_DEPTH,
+                         depth_bytes=_PIPELINE_BYTES, failover=True)
+            for i, a in enumerate(config.brokers)
+        ]  # fmt: skip
         self._batches: dict[tuple[str, int], _Batch] = {}
         self._topics: dict[bytes, _TopicState | None] = {}
         self._topics_epoch = self._seen_epoch = 0
@@ -680,11 +566,9 @@ class Agent:
         while time.monotonic() < deadline and (self.pool.used > 0 or self._inq):
             time.sleep(0.01)
         self._abandon = True
-        self._senders_stop = True
         self._wake_router.set()
         for sender in self.senders:
-            with sender.cond:
-                sender.cond.notify_all()
+            sender.finish(abandon=True)
         self._router.join(2.0)
         for sender in self.senders:
             sender.join(max(0.5, min(2.0, self.config.broker_timeout_ms / 1000)))
@@ -1146,20 +1030,6 @@ class Agent:
         self._wake_router.set()
 
     # -- delivery outcomes --------------------------------------------------------------
-    def _pack(self, batch: _Batch) -> list[bytes | bytearray]:
-        """The batch's pack, as the buffers it is made of (an uncompressed one is the
-        batch's own buffer between a head and a tail: not copied)."""
-        cfg = self.config
-        comp = cfg.compression(batch.topic)
-        codec = CODECS[comp.codec]
-        raw_size = len(batch.written) + 32  # the pack's bytes uncompressed
-        if codec == NO_COMPRESSION or raw_size < comp.min_size_bytes:
-            return pack_written_parts(batch.count, batch.written)
-        packed = encode_pack_written(batch.count, batch.written, codec)
-        if len(packed) * 100 > cfg.compression_size_threshold_percent * raw_size:
-            return pack_written_parts(batch.count, batch.written)
-        return [packed]
-
     def _settle(self, batch: _Batch, reason: str | None, log_info: str | None = None) -> None:
         """Delivered (``reason`` None) or discarded; once per batch. ``log_info``: the
         discard log's reason when it is not the one that follows from ``reason``."""
