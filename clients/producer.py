@@ -3,7 +3,8 @@
 ``send(topic, value, key=None)`` puts the encoded message into an accumulator for the
 (broker, topic) it is partitioned to and returns a :class:`concurrent.futures.Future`
 (shared by the messages of one pack: they are sent, or dropped, together).
-One sender thread per broker turns accumulated messages into message packs (one queue
+One sender thread per broker (the clients' one sender, :class:`clients.sender.BrokerSender`,
+which the agent runs too) turns accumulated messages into message packs (one queue
 item each, see :mod:`clients.messages`) when a batch is full (``batch_size`` messages
 or ``batch_bytes``), old (``linger_ms``) or flushed, and sends them:
 
@@ -181,13 +182,17 @@ def _codec(value: str) -> int:
 class _Batch(Batch):
     """Messages bound for one pack. They share one future: a pack is sent (and gets its
     index) or dropped as a whole, and one Future per message would cost more than the
-    send itself."""
+    send itself. ``send`` appends to ``messages`` (under the producer's lock: a list append
+    costs the caller less than writing the pack's bytes); the sender writes them into the
+    batch when it first packs it."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "messages", "size")
 
     def __init__(self, topic: str) -> None:
         super().__init__(topic, time.monotonic())
         self.future: Future[int | None] = Future()
+        self.messages: list[bytes] = []
+        self.size = 0  # bytes of the messages
 
 
 class Producer:
@@ -283,9 +288,10 @@ class Producer:
         if batch is None:
             batch = accumulating[topic] = _Batch(topic)
             self._senders[i].poke()  # the sender now waits for the linger time
-        batch.add(data)
+        batch.messages.append(data)
+        batch.size += len(data)
         self._buffered += 1
-        if batch.count >= cfg.batch_size or batch.value_bytes >= cfg.batch_bytes or self._flushing:
+        if len(batch.messages) >= cfg.batch_size or batch.size >= cfg.batch_bytes or self._flushing:
             del accumulating[topic]
             self._senders[i].put(batch)
         return batch.future
@@ -339,10 +345,10 @@ class Producer:
                     leftovers += sender.queue
                     sender.queue.clear()
             for batch in leftovers:
-                self._buffered -= batch.count
+                self._buffered -= len(batch.messages)
             self._cond.notify_all()
         for batch in leftovers:
-            self._drop(batch.topic, batch.future, batch.count, DROP_CLOSED, "producer closed before sending")
+            self._drop(batch.topic, batch.future, len(batch.messages), DROP_CLOSED, "producer closed before sending")
         for sender in self._senders:
             sender.conn.close()
         self._closed = True
@@ -365,6 +371,8 @@ class Producer:
     # -- internals ---------------------------------------------------------------------
     # -- what the senders' outcomes mean (SendOwner) -------------------------------------
     def pack(self, batch: _Batch) -> list[bytes | bytearray]:
+        if not batch.count:  # written once, on the sender's thread
+            batch.extend(batch.messages)
         cfg = self.config
         codec = cfg.compression_codec
         if codec != NO_COMPRESSION and (not cfg.compressed_topics or batch.topic in cfg.compressed_topics):
@@ -392,12 +400,12 @@ class Producer:
         pass
 
     def delivered(self, sender: BrokerSender[_Batch], batch: _Batch, index: int | None) -> None:
-        self._count_sent(batch.topic, batch.count)
+        self._count_sent(batch.topic, len(batch.messages))
         batch.future.set_result(index)
         self._settled(batch)
 
     def refused(self, sender: BrokerSender[_Batch], batch: _Batch, exc: BrokerError, size: int) -> None:
-        self._drop(batch.topic, batch.future, batch.count, DROP_REJECTED, str(exc))
+        self._drop(batch.topic, batch.future, len(batch.messages), DROP_REJECTED, str(exc))
         self._settled(batch)
 
     def failed(self, sender: BrokerSender[_Batch], exc: LuxunClientError) -> None:
@@ -411,7 +419,7 @@ class Producer:
                             cfg.num_retries, sender.down_until - time.monotonic())  # fmt: skip
             return False
         reason = DROP_BROKER_DOWN if isinstance(exc, BrokerUnavailableError) else DROP_REJECTED
-        self._drop(batch.topic, batch.future, batch.count, reason, str(exc))
+        self._drop(batch.topic, batch.future, len(batch.messages), reason, str(exc))
         self._settled(batch)
         sender.reset_backoff()  # the back-off is per pack: the next one is sent at once
         return True
@@ -424,7 +432,7 @@ class Producer:
 
     def _settled(self, batch: _Batch) -> None:
         with self._cond:
-            self._buffered -= batch.count
+            self._buffered -= len(batch.messages)
             self._cond.notify_all()
 
     def _count_sent(self, topic: str, n: int) -> None:

@@ -93,10 +93,12 @@ class Batch:
         self.bytes += len(value) + 4
 
     def extend(self, values: list[bytes]) -> None:
-        if values:
-            self.written += b"".join([b for v in values for b in (_I32(len(v)), v)])
-            self.count += len(values)
-            self.bytes = len(self.written)
+        written = self.written
+        for v in values:
+            written += _I32(len(v))
+            written += v
+        self.count += len(values)
+        self.bytes = len(written)
 
     def halves(self) -> tuple[Batch, Batch]:
         """Two batches of the first and the last messages (count // 2 in the first)."""
