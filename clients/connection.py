@@ -161,15 +161,19 @@ class BrokerConnection:
         """Like :meth:`call`, raising the BrokerError of a failed Result."""
         return _checked(self.call(method, request))
 
-    def produce(self, item: bytes | bytearray, topic: str, *, oneway: bool = False) -> Any:
-        """``checked("produce", ...)`` of ``item`` to ``topic`` (``oneway``: ``asyncProduce``,
-        returning None), with the call framed by hand and sent from ``item`` itself:
-        thriftpy2 would copy the item into its buffer, then into the frame (a 1 MB item
-        took 4x as long). Errors as :meth:`call` and :meth:`checked`."""
+    def produce(
+        self, item: bytes | bytearray | Sequence[bytes | bytearray], topic: str, *, oneway: bool = False
+    ) -> Any:
+        """``checked("produce", ...)`` of ``item`` (or of the item made of these buffers, in
+        order) to ``topic`` (``oneway``: ``asyncProduce``, returning None), with the call
+        framed by hand and sent from ``item`` itself: thriftpy2 would copy the item into its
+        buffer, then into the frame (a 1 MB item took 4x as long). Errors as :meth:`call`
+        and :meth:`checked`."""
         method = "asyncProduce" if oneway else "produce"
+        parts = (item,) if isinstance(item, bytes | bytearray) else item
         client = self._connect()
         try:
-            send_parts(client._oprot.trans.sock, produce_call_parts((item,), len(item), topic, oneway=oneway))
+            send_parts(client._oprot.trans.sock, produce_call_parts(parts, sum(map(len, parts)), topic, oneway=oneway))
             if oneway:
                 return None
             response = client._recv(method)

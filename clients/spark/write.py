@@ -11,7 +11,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from ..connection import BrokerConnection
 from ..errors import BrokerError, BrokerUnavailableError, MessageSizeTooLargeError
-from ..messages import encode_pack
+from ..sender import Batch, pack_parts
 from .options import WriteOptions
 
 
@@ -26,53 +26,54 @@ class LuxunCommitMessage(WriterCommitMessage):
 
 
 class Sender:
-    """Packs messages per topic and produces the packs, round-robin over the brokers."""
+    """Packs messages per topic (the clients' :class:`~clients.sender.Batch`, encoded by
+    :func:`~clients.sender.pack_parts`) and produces each pack from the task's thread,
+    round-robin over the brokers: a broker that cannot be reached is skipped for the next;
+    a pack over a broker's ``max.message.size`` is halved; any other refusal fails the task."""
 
     def __init__(self, opts: WriteOptions, first_broker: int) -> None:
         self.opts = opts
         self.conns = [BrokerConnection(b, timeout_ms=opts.timeout_ms) for b in opts.servers]
         self.next = first_broker % len(self.conns)
-        self.pending: dict[str, tuple[list[bytes], list[int]]] = {}
+        self.pending: dict[str, Batch] = {}
         self.commit = LuxunCommitMessage()
 
     def add(self, topic: str, values: list[bytes]) -> None:
         """Queue ``values`` for ``topic``; send every pack that fills up (``packSize``
         messages, or ``packBytes`` of values: a value that would pass it starts a new pack)."""
         pack_size, pack_bytes = self.opts.pack_size, self.opts.pack_bytes
-        buf, size = self.pending.setdefault(topic, ([], [0]))
+        batch = self.pending.get(topic)
+        if batch is None:
+            batch = self.pending[topic] = Batch(topic, 0.0)
         i, n = 0, len(values)
         while i < n:
-            chunk = values[i : i + pack_size - len(buf)]  # what fits by count
+            chunk = values[i : i + pack_size - batch.count]  # what fits by count
             chunk_bytes = sum(map(len, chunk))
-            if size[0] + chunk_bytes <= pack_bytes:  # fits by bytes too (the usual case)
-                buf.extend(chunk)
-                size[0] += chunk_bytes
+            if batch.value_bytes + chunk_bytes <= pack_bytes:  # fits by bytes too (the usual case)
+                batch.extend(chunk)
                 i += len(chunk)
             else:  # the byte limit cuts the chunk: one value at a time
                 for value in chunk:
-                    if buf and size[0] + len(value) > pack_bytes:
+                    if batch.count and batch.value_bytes + len(value) > pack_bytes:
                         break
-                    buf.append(value)
-                    size[0] += len(value)
+                    batch.add(value)
                     i += 1
-                self._send(topic, buf)
-                buf.clear()
-                size[0] = 0
+                self._send(batch)
+                batch = self.pending[topic] = Batch(topic, 0.0)
                 continue
-            if len(buf) >= pack_size:
-                self._send(topic, buf)
-                buf.clear()
-                size[0] = 0
+            if batch.count >= pack_size:
+                self._send(batch)
+                batch = self.pending[topic] = Batch(topic, 0.0)
 
     def flush(self) -> None:
-        for topic, (buf, size) in self.pending.items():
-            if buf:
-                self._send(topic, buf)
-                buf.clear()
-                size[0] = 0
+        pending, self.pending = self.pending, {}
+        for batch in pending.values():
+            if batch.count:
+                self._send(batch)
 
-    def _send(self, topic: str, messages: list[bytes]) -> None:
-        item = encode_pack(messages, self.opts.codec)
+    def _send(self, batch: Batch) -> None:
+        topic = batch.topic
+        item = pack_parts(batch, self.opts.codec)
         errors = []
         for _ in range(len(self.conns)):
             conn = self.conns[self.next]
@@ -83,15 +84,15 @@ class Sender:
                 errors.append(str(exc))
                 continue
             except BrokerError as exc:
-                if isinstance(exc, MessageSizeTooLargeError) and len(messages) > 1:
-                    half = len(messages) // 2  # over the broker's max.message.size: halve the pack
-                    self._send(topic, messages[:half])
-                    self._send(topic, messages[half:])
+                if isinstance(exc, MessageSizeTooLargeError) and batch.count > 1:
+                    first, last = batch.halves()  # over the broker's max.message.size: halve the pack
+                    self._send(first)
+                    self._send(last)
                     return
                 where = f"produce to topic {topic!r} on {conn.where} failed"
                 raise type(exc)(exc.code, f"{where}: {exc.broker_message}", retriable=exc.retriable) from None
             commit = self.commit
-            commit.messages += len(messages)
+            commit.messages += batch.count
             commit.packs += 1
             span = commit.indexes.setdefault(f"{topic}@{conn.where}", [response.index, response.index])
             span[0] = min(span[0], response.index)

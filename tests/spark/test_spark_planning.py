@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from clients.messages import NO_COMPRESSION, decode_pack
+from clients.sender import Batch, pack_parts
 from clients.spark import options as O
 from clients.spark import planning as P
 from clients.spark import write as W
@@ -85,8 +87,8 @@ class _RecordingSender(W.Sender):
         self.pending = {}
         self.sent: list[list[bytes]] = []
 
-    def _send(self, topic: str, messages: list[bytes]) -> None:
-        self.sent.append(list(messages))
+    def _send(self, batch: Batch) -> None:
+        self.sent.append(decode_pack(b"".join(pack_parts(batch, NO_COMPRESSION))))
 
 
 def test_packing_keeps_order_and_limits() -> None:
