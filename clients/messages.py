@@ -2,9 +2,10 @@
 names of three modules, kept importable from here.
 
 - :mod:`clients.pack`: the pack format (``encode_pack``, ``decode_pack``, ``pack_codec``,
-  ``MAGIC``), byte-compatible with Java Luxun, with its defensive reader;
+  ``MAGIC``), byte-compatible with Java Luxun, with its defensive reader (both kept in
+  :mod:`idl.pack`, shared with the broker);
 - :mod:`clients.codec`: the payload codecs (``NO_COMPRESSION``, ``GZIP``, ``SNAPPY``,
-  ``compress``, ``decompress``, ``snappy_available``);
+  ``compress``, ``decompress``, ``snappy_available``; kept in :mod:`idl.codec`);
 - :mod:`clients.serde`: value serdes (``Serde``, ``BytesSerde``, ``StrSerde``,
   ``JsonSerde``, ``SERDES``, ``get_serde``);
 - :class:`~clients.errors.PackError`: a corrupt pack or an unusable codec.

@@ -68,6 +68,8 @@ import snappy  # type: ignore[import-untyped]
 import zstandard
 from crc32c import crc32c
 
+from idl.pack import encode_pack
+
 __all__ = [
     "CODEC_GZIP",
     "CODEC_LZ4",
@@ -465,7 +467,7 @@ def batch_records(batch: bytes | bytearray | memoryview, *, max_bytes: int = DEF
 def batch_to_pack(batch: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """What a Thrift consumer gets for a stored Kafka batch: one Luxun message pack.
 
-    The pack (``clients/pack.py``'s format, codec none, crc32 set) holds the records'
+    The pack (:mod:`idl.pack`'s format, codec none, crc32 set) holds the records'
     values in order, a null value as an empty message. Keys, headers, timestamps and
     offsets have no place in a Luxun pack and are left out. A control batch (transaction
     markers) gives a pack with no messages. Decompresses gzip, snappy (xerial-framed or
@@ -473,33 +475,6 @@ def batch_to_pack(batch: bytes | bytearray | memoryview, *, max_bytes: int = DEF
     """
     head, body = _open(batch, max_bytes, control_body=False)
     return encode_pack([] if head.control else _read_values(body, head.record_count))
-
-
-# TMessagePack as Java Luxun writes it (see clients/pack.py): magic, attribute, crc32,
-# messageList header; then the payload (a TMessageList) and STOP.
-_PACK_HEAD: Final = struct.Struct(">bhbbhbbhibhi")
-_T_STOP: Final = 0
-_T_BYTE: Final = 3
-_T_I32: Final = 8
-_T_STRING: Final = 11
-_T_LIST: Final = 15
-_LIST_HEAD: Final = struct.Struct(">bhbi")  # field 1, type list, element type binary, count
-
-
-def encode_pack(messages: Sequence[bytes | bytearray | memoryview]) -> bytes:
-    """One uncompressed Luxun message pack of ``messages`` (crc32 filled in)."""
-    pack_i32 = _I32.pack
-    parts: list[bytes | bytearray | memoryview] = [_LIST_HEAD.pack(_T_LIST, 1, _T_STRING, len(messages))]
-    for message in messages:
-        parts.append(pack_i32(len(message)))
-        parts.append(message)
-    parts.append(b"\x00")
-    payload = b"".join(parts)
-    crc = zlib.crc32(payload)
-    if crc & 0x8000_0000:
-        crc -= 0x1_0000_0000
-    head = _PACK_HEAD.pack(_T_BYTE, 1, 1, _T_BYTE, 2, 0, _T_I32, 3, crc, _T_STRING, 4, len(payload))
-    return b"".join((head, payload, b"\x00"))
 
 
 def _open(

@@ -20,9 +20,7 @@ from hypothesis import strategies as st
 from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.transport import TMemoryBuffer
 
-from clients import codec as codec_module
 from clients import messages
-from clients import pack as pack_module
 from clients.messages import (
     GZIP,
     MAGIC,
@@ -41,7 +39,9 @@ from clients.messages import (
     pack_codec,
     snappy_available,
 )
+from idl import codec as codec_module
 from idl import message_thrift as M
+from idl import pack as pack_module
 
 pytestmark = pytest.mark.timeout(120)
 
