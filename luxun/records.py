@@ -64,10 +64,10 @@ from typing import Any, Final, NamedTuple
 
 import lz4.frame  # type: ignore[import-untyped]
 import numpy as np
-import snappy  # type: ignore[import-untyped]
 import zstandard
 from crc32c import crc32c
 
+from idl.codec import TooLargeError, unsnappy
 from idl.pack import encode_pack
 
 __all__ = [
@@ -141,10 +141,6 @@ CORRUPT_MESSAGE: Final = 2
 INVALID_TIMESTAMP: Final = 32
 UNSUPPORTED_COMPRESSION_TYPE: Final = 76
 INVALID_RECORD: Final = 87
-
-# snappy-java's stream framing ("xerial"), as the Java client and librdkafka write it.
-_XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"
-_XERIAL_HEADER_SIZE: Final = 16
 
 
 class BatchError(ValueError):
@@ -527,41 +523,15 @@ def _gunzip(data: memoryview, max_bytes: int) -> bytes:
     return b"".join(out)
 
 
-def _snappy_raw_length(block: memoryview) -> int:
-    """The uncompressed length a raw snappy block declares (its leading varint)."""
-    n = shift = 0
-    for i in range(min(5, len(block))):
-        b = block[i]
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return n
-        shift += 7
-    raise BatchError(CORRUPT_MESSAGE, "snappy block has no valid length preamble")
-
-
 def _unsnappy(data: memoryview, max_bytes: int) -> bytes:
-    if bytes(data[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
-        if _snappy_raw_length(data) > max_bytes:
-            raise _too_big("snappy", max_bytes)
-        return bytes(snappy.decompress(data))
-    out: list[bytes] = []
-    total = 0
-    pos = _XERIAL_HEADER_SIZE
-    size = len(data)
-    while pos < size:
-        if pos + 4 > size:
-            raise BatchError(CORRUPT_MESSAGE, f"snappy records truncated at byte {pos} (a block length belongs there)")
-        n = _I32.unpack_from(data, pos)[0]
-        pos += 4
-        if n <= 0 or pos + n > size:
-            raise BatchError(CORRUPT_MESSAGE, f"snappy block at byte {pos - 4} claims {n} bytes, {size - pos} left")
-        block = data[pos : pos + n]
-        total += _snappy_raw_length(block)
-        if total > max_bytes:
-            raise _too_big("snappy", max_bytes)
-        out.append(bytes(snappy.decompress(block)))
-        pos += n
-    return b"".join(out)
+    """snappy records, xerial-framed (as the Java client and librdkafka write them) or
+    one raw block: :func:`idl.codec.unsnappy`, which refuses output past ``max_bytes``
+    from each block's declared length, before decompressing it. Its other errors
+    (``CodecError``) are told by :func:`_open` as any codec's are."""
+    try:
+        return unsnappy(data, max_bytes)
+    except TooLargeError:
+        raise _too_big("snappy", max_bytes) from None
 
 
 def _unlz4(data: memoryview, max_bytes: int) -> bytes:

@@ -118,3 +118,20 @@ def test_clients_may_bound_snappy_too() -> None:
     assert clients.codec.decompress(data, codec.SNAPPY, max_bytes=100_000) == b"z" * 100_000
     with pytest.raises(ClientPackError, match="99999-byte limit"):
         clients.codec.decompress(data, codec.SNAPPY, max_bytes=99_999)
+
+
+def test_the_broker_reads_kafka_snappy_with_idls_bounded_unsnappy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from luxun import records as R
+    from tests.kafka.test_records import build
+
+    recs = [(None, bytes(1000), [], 1_700_000_000_000)] * 100  # 100 kB of records, in 4 xerial blocks
+    data = build(recs, R.CODEC_SNAPPY)
+    lib = CountingSnappy()
+    monkeypatch.setattr(codec, "_snappy", lib)
+    assert len(R.batch_records(data)) == 100
+    assert lib.calls >= 2
+    lib.calls = 0
+    with pytest.raises(R.BatchError, match="snappy records inflate past the 50000-byte limit") as err:
+        R.batch_to_pack(data, max_bytes=50_000)
+    assert err.value.code == R.CORRUPT_MESSAGE
+    assert lib.calls == 1  # refused at the second block, from its declared length
