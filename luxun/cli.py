@@ -14,7 +14,8 @@ Client commands talk to a broker through :class:`clients.connection.BrokerConnec
 (``--broker host:port``, default 127.0.0.1:9092; ``host`` alone means port 9092) with a
 connect timeout and a call timeout. Every failure is one line on stderr naming the
 broker's host:port (or the port, path, size and limit involved) and a non-zero exit
-code: 1 for a failure, 2 for a usage error; never a traceback.
+code: 1 for a failure, 2 for a usage error (such as a topic name no broker takes, see
+``idl.names``: refused before connecting); never a traceback.
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     from clients.errors import LuxunClientError
 
     try:
+        if args.command in _TOPIC_COMMANDS:
+            _check_topic(args.topic)
         return int(globals()[f"_cmd_{args.command}"](args))
     except CliError as exc:
         return _fail(str(exc), exc.code)
@@ -166,6 +169,19 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from clients.agent import run
 
     return run(args)
+
+
+#: The commands that take a topic name, checked before connecting.
+_TOPIC_COMMANDS = ("produce", "consume", "delete")
+
+
+def _check_topic(topic: str) -> None:
+    """A usage error (exit 2) for a name no broker takes as a topic (``idl.names``' rules)."""
+    from idl.names import topic_name_problem
+
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise CliError(f"topic {topic!r}: {problem}", 2)
 
 
 def _fail(message: str, code: int) -> int:

@@ -75,12 +75,12 @@ import struct
 import termios
 import threading
 import time
-import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from idl import luxun_thrift as T
+from idl.names import topic_name_problem
 
 from ..connection import BrokerConnection
 from ..errors import BrokerError, LuxunClientError, MessageSizeTooLargeError
@@ -104,7 +104,6 @@ DGRAM, STREAM, TCP = 0, 1, 2
 TRANSPORTS = ("unix_dgram", "unix_stream", "tcp")
 _FORWARD_COUNTERS = ("UnixDgInputAgentForwardMsg", "UnixStreamInputAgentForwardMsg", "TcpInputAgentForwardMsg")
 _STREAM_PREFIX = {STREAM: "UnixStreamInput", TCP: "TcpInput"}
-_FORBIDDEN = frozenset({"Cc", "Cf", "Co", "Cs", "Cn"})
 _TOPIC_CACHE_MAX = 10_000
 #: Pool bytes an input thread takes at a time (what it does not use goes back when idle).
 _CREDIT_BYTES = 64 * 1024
@@ -221,21 +220,6 @@ class _TopicState:
         self.linger_s = (b.time_ms if b.time_ms is not None else 1 << 30) / 1000
         self.max_messages = 1 if b.time_ms == 0 else (b.messages if b.messages is not None else 1 << 62)
         self.max_bytes = b.bytes if b.bytes is not None else 1 << 62
-
-
-def topic_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a luxun topic, or None (the broker's rules: bigarray's names)."""
-    if len(name) > 255 or len(name.encode()) > 255:
-        return "longer than 255 characters/bytes"
-    if name in (".", ".."):
-        return "reserved"
-    if "/" in name:
-        return "contains '/'"
-    if name.startswith(".luxun"):
-        return "starts with the reserved .luxun"
-    if any(unicodedata.category(ch) in _FORBIDDEN for ch in name):
-        return "contains a control, format, private-use or unassigned character"
-    return None
 
 
 class _Intake:
