@@ -15,8 +15,8 @@ Users (each wraps the error in its own):
 
 - the broker's :func:`luxun.thrift.server.check_frame` walks every request frame before the
   Cython decoder sees it (``max_depth`` 32; error: ``BadFrame``);
-- the clients' message-pack reader (:mod:`clients.messages`) skips unknown fields of
-  packs it cannot trust (``max_depth`` 64; error: ``PackError``).
+- the message-pack reader (:mod:`idl.pack`, used by the clients and the broker) skips
+  unknown fields of packs it cannot trust (``max_depth`` 64; error: ``PackError``).
 
 The binary protocol's layout (big-endian)::
 
