@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from bigarray import InvalidNameError, validate_name
+from bigarray import InvalidNameError
 from bigarray.format import DEFAULT_DATA_PAGE_SIZE, MAX_DATA_PAGE_SIZE, MIN_DATA_PAGE_SIZE
 
 from .errors import ConfigError  # re-exported: config users catch it from here
@@ -438,8 +438,10 @@ def _check_int(f: dataclasses.Field[Any], *, value: Any, label: str) -> int:
 
 
 def _check_topic(f: dataclasses.Field[Any], topic: object) -> str:
+    from .topics import validate_topic  # topics imports config's defaults
+
     try:
-        return validate_name(topic, what="topic")
+        return validate_topic(topic)
     except InvalidNameError as exc:
         raise ConfigError(f"{_label(f)}: {exc}", key=f.metadata["key"]) from exc
 

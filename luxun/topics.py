@@ -65,6 +65,7 @@ from typing import Any
 
 from bigarray import ArrayClosedError, DiskFullError, FanoutQueue, InvalidNameError, validate_name
 from bigarray import format as fmt
+from idl.names import RESERVED_PREFIX, topic_name_problem
 
 from .config import DEFAULT_MAX_OPEN_TOPICS
 from .errors import DataDirLockedError
@@ -75,8 +76,6 @@ log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
 
 LOCK_FILE = ".luxun.lock"
-#: Names starting with this are the broker's own, never topics.
-RESERVED_PREFIX = ".luxun"
 #: A deleted topic's directory is renamed to this prefix + random hex, then removed.
 TRASH_PREFIX = ".luxun-deleted-"
 #: Longest wait for another thread's creation, reopening or deletion of a topic.
@@ -312,16 +311,8 @@ class TopicManager:
 
     @staticmethod
     def validate(name: object) -> str:
-        """Check a topic name (bigarray's rules, and not one of the broker's own).
-
-        Raises:
-            bigarray.InvalidNameError: naming the rule that was broken.
-        """
-        validate_name(name, what="topic")
-        assert isinstance(name, str)
-        if name.startswith(RESERVED_PREFIX):
-            raise InvalidNameError(f"topic {name!r}: names starting with {RESERVED_PREFIX!r} are reserved")
-        return name
+        """Check a topic name: :func:`validate_topic`."""
+        return validate_topic(name)
 
     def _open_queue(self, path: str) -> FanoutQueue:
         return FanoutQueue(path, data_page_size=self._page_size, max_cached_pages=self._max_cached_pages)
@@ -829,6 +820,21 @@ class TopicManager:
             os.close(self._lock_fd)
 
 
+def validate_topic(name: object) -> str:
+    """Check a topic name against the topic-name rules (:mod:`idl.names`, the same for
+    every door, the agent and the CLI), after bigarray's own guard of its directory names.
+
+    Raises:
+        bigarray.InvalidNameError: naming the rule that was broken.
+    """
+    validate_name(name, what="topic")
+    problem = topic_name_problem(name)
+    if problem is not None:
+        raise InvalidNameError(f"topic {name!r}: {problem}")
+    assert isinstance(name, str)
+    return name
+
+
 def is_fd_exhaustion(exc: BaseException) -> bool:
     """True for "too many open files" (per process or system wide)."""
     return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
@@ -848,4 +854,5 @@ __all__ = [
     "TopicView",
     "UnknownTopicError",
     "is_fd_exhaustion",
+    "validate_topic",
 ]

@@ -83,7 +83,6 @@ from bigarray import (
     IndexOutOfRangeError,
     InvalidNameError,
     ItemTooLargeError,
-    validate_name,
 )
 from bigarray.fanout import CommittedGroupError
 from idl import luxun_thrift as T
@@ -113,6 +112,7 @@ from ..topics import (
     TopicManager,
     TopicStorageError,
     is_fd_exhaustion,
+    validate_topic,
 )
 from .wire import ItemBlob
 
@@ -450,7 +450,7 @@ class QueueHandler:
         topic = self.topics.get(name)  # an open topic's name is valid: checked when it was made
         if topic is None:
             try:
-                validate_name(name, what="topic")
+                validate_topic(name)
             except InvalidNameError as exc:
                 return reply(InvalidTopic(name, str(exc)).to_result())
         try:
@@ -625,7 +625,7 @@ class QueueHandler:
         timestamp = request.timestamp
         index = ts = 0
         try:
-            validate_name(name, what="topic")
+            validate_topic(name)
             topic = self.topics.get(name) or self.topics.open(name)
             if topic is None:
                 result = self._not_exist(name)
@@ -670,7 +670,7 @@ class QueueHandler:
                 log.warning("deleteTopic of %r refused: authentication failed", name)
                 result = AuthenticationFailure(name, "authentication failed").to_result()
             else:
-                validate_name(name, what="topic")
+                validate_topic(name)
                 self.topics.delete(name)  # with its Kafka partitions, whichever door made them
                 result = _OK
         except InvalidNameError as exc:
@@ -786,7 +786,7 @@ class QueueHandler:
         (INVALID_TOPIC), :meth:`_on_topic`, any other failure logged (rate-limited) and
         answered INTERNAL_ERROR; the call counted in the metrics from ``t0``."""
         try:
-            validate_name(name, what="topic")
+            validate_topic(name)
             result = self._on_topic(name, action)
         except InvalidNameError as exc:
             result = InvalidTopic(name, str(exc)).to_result()
