@@ -76,16 +76,24 @@ class LuxunError(Exception):
         return (_restore, (type(self), self.args, dict(self.__dict__)))
 
 
-class TopicNotExist(LuxunError):
-    """The topic does not exist (consume, findClosestIndexByTime, getSize)."""
+class _TopicStateError(LuxunError):
+    """A topic's state refuses the call, in Java Luxun's words: "topic T <state>[ on
+    broker N]"."""
 
-    error_code = _E.TOPIC_NOT_EXIST
+    state = ""
 
     def __init__(self, topic: str, *, broker_id: int | None = None) -> None:
         where = "" if broker_id is None else f" on broker {broker_id}"
-        super().__init__(f"topic {topic} does not exist{where}")  # Java Luxun's text
+        super().__init__(f"topic {topic} {self.state}{where}")  # Java Luxun's text
         self.topic = topic
         self.broker_id = broker_id
+
+
+class TopicNotExist(_TopicStateError):
+    """The topic does not exist (consume, findClosestIndexByTime, getSize)."""
+
+    error_code = _E.TOPIC_NOT_EXIST
+    state = "does not exist"
 
 
 class IndexOutOfBounds(LuxunError):
@@ -112,16 +120,11 @@ class InvalidTopic(LuxunError):
         self.reason = reason
 
 
-class TopicIsEmpty(LuxunError):
+class TopicIsEmpty(_TopicStateError):
     """The topic exists but holds no items."""
 
     error_code = _E.TOPIC_IS_EMPTY
-
-    def __init__(self, topic: str, *, broker_id: int | None = None) -> None:
-        where = "" if broker_id is None else f" on broker {broker_id}"
-        super().__init__(f"topic {topic} is empty{where}")  # Java Luxun's text
-        self.topic = topic
-        self.broker_id = broker_id
+    state = "is empty"
 
 
 class AuthenticationFailure(LuxunError):

@@ -222,6 +222,34 @@ _KAFKA_ONLY = {
 }
 
 
+def _topic_configs(
+    section: Any,
+    named: Mapping[str, Any],
+    kind: str,
+    default_where: str,
+    topic_where: str,
+    changes: dict[str, Any],
+    default_key: str,
+    topics_key: str,
+) -> None:
+    """A section's ``defaultTopic`` and ``topicConfigs/topic`` entries, each naming one of
+    its ``named`` configs (an unknown name is an error naming the ``kind``), into
+    ``changes[default_key]`` (only when given) and ``changes[topics_key]``."""
+
+    def pick(name: str | None, w: str) -> Any:
+        if name is None or name not in named:
+            raise AgentConfigError(f"{w}: unknown {kind} config {name!r}")
+        return named[name]
+
+    dt = section.find("defaultTopic")
+    if dt is not None:
+        changes[default_key] = pick(dt.get("config"), f"{default_where} defaultTopic")
+    changes[topics_key] = {
+        t.get("name", ""): pick(t.get("config"), f"{topic_where} topic {t.get('name')!r}")
+        for t in section.findall("topicConfigs/topic")
+    }
+
+
 def load_dory_config(path: str | Path, base: AgentConfig | None = None) -> AgentConfig:
     """Read a Dory XML config file over ``base`` (defaults).
 
@@ -294,21 +322,11 @@ def load_dory_config(path: str | Path, base: AgentConfig | None = None) -> Agent
                 ignored.append(f"compression/{c.get('name')}/level: gzip packs use level 6")
             cnamed[c.get("name", "")] = Compression(ctype, parse_size(c.get("minSize") or "0", w))
 
-        def cpick(name: str | None, w: str) -> Compression:
-            if name not in cnamed:
-                raise AgentConfigError(f"{w}: unknown compression config {name!r}")
-            return cnamed[name]
-
         stp = _value(compression.find("sizeThresholdPercent"), f"{where}: sizeThresholdPercent")
         if stp is not None:
             changes["compression_size_threshold_percent"] = int(stp)
-        dt = compression.find("defaultTopic")
-        if dt is not None:
-            changes["default_compression"] = cpick(dt.get("config"), f"{where}: compression defaultTopic")
-        changes["topic_compression"] = {
-            t.get("name", ""): cpick(t.get("config"), f"{where}: compression topic {t.get('name')!r}")
-            for t in compression.findall("topicConfigs/topic")
-        }
+        _topic_configs(compression, cnamed, "compression", f"{where}: compression", f"{where}: compression", changes,
+                       "default_compression", "topic_compression")  # fmt: skip
 
     rl = root.find("topicRateLimiting")
     if rl is not None:
@@ -321,18 +339,8 @@ def load_dory_config(path: str | Path, base: AgentConfig | None = None) -> Agent
                 raise AgentConfigError(f"{w}: interval must be >= 1 ms")
             rnamed[c.get("name", "")] = None if mc == "unlimited" else RateLimit(interval, parse_size(mc, w))
 
-        def rpick(name: str | None, w: str) -> RateLimit | None:
-            if name not in rnamed:
-                raise AgentConfigError(f"{w}: unknown rate limit config {name!r}")
-            return rnamed[name]
-
-        dt = rl.find("defaultTopic")
-        if dt is not None:
-            changes["default_rate_limit"] = rpick(dt.get("config"), f"{where}: topicRateLimiting defaultTopic")
-        changes["topic_rate_limits"] = {
-            t.get("name", ""): rpick(t.get("config"), f"{where}: rate limit topic {t.get('name')!r}")
-            for t in rl.findall("topicConfigs/topic")
-        }
+        _topic_configs(rl, rnamed, "rate limit", f"{where}: topicRateLimiting", f"{where}: rate limit", changes,
+                       "default_rate_limit", "topic_rate_limits")  # fmt: skip
 
     src = root.find("inputSources")
     if src is not None:

@@ -376,8 +376,8 @@ class KafkaLog:
 
     @staticmethod
     def _rebuild_producers(array: Any, state: _PartitionState) -> None:
-        """``array``: the partition's queue (a FanoutQueue, or its BigArray)."""
-        """Producer sequences of the partition's last batches (after a restart)."""
+        """Producer sequences of the partition's last batches (after a restart); ``array``:
+        the partition's queue."""
         state.rebuilt = True
         head, tail = array.head, array.tail
         start = max(tail, head - _REBUILD_ITEMS)

@@ -59,8 +59,9 @@ stood. Going back means deleting the group (a new group name). Members: a consum
 with ``fromCommitted`` and a ``memberId`` (field 8) leases the (topic, group) on this
 broker to that member until it makes no such call for ``group_lease_s`` (5 s) or
 gives it up (``commitOffset`` with ``release``, as a closing member does); other
-members get TRY_LATER/ALL_MESSAGE_CONSUMED meanwhile, and a commit carrying another
-member's id is refused. So one member at a time reads a (topic, group) per broker (a
+members get TRY_LATER/ALL_MESSAGE_CONSUMED meanwhile, with the holder's id in
+``ConsumeResponse.heldBy`` (field 6; clients act on it, never on the message), and a
+commit carrying another member's id is refused. So one member at a time reads a (topic, group) per broker (a
 broker is the unit of parallelism, as a partition in Kafka), and a killed member's
 uncommitted items go to a surviving member, from the committed index, once its
 lease runs out.
