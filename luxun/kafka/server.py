@@ -27,7 +27,7 @@ import threading
 from typing import Any, Protocol
 
 from ..logs import RateLimitedLog
-from ..net import RECEIVING, BigFrame, TcpServer, send_parts
+from ..net import KEEP_BUFFER, RECEIVING, BigFrame, TcpServer, send_parts
 
 __all__ = ["FrameHandler", "KafkaServer"]
 
@@ -37,7 +37,7 @@ _rate_limited = RateLimitedLog(log)
 _I32 = struct.Struct(">i")
 # Bytes read ahead per recv while the input budget has room (it holds all but
 # _UNBUDGETED of them, like the Thrift port's buffers); frames larger than that are
-# received into their own mapping as they arrive (TcpServer._read_big_frame).
+# read on their own (KafkaServer._read_large_frame).
 _READ_AHEAD = 64 * 1024
 _UNBUDGETED = 4096
 # Produce responses held back at most, while more produce requests are buffered.
@@ -75,6 +75,39 @@ class KafkaServer(TcpServer):
                 with contextlib.suppress(OSError):
                     _send(sock, pending)
 
+    def _read_large_frame(
+        self, sock: socket.socket, peer: Any, rest: bytes, size: int, held: list[int]
+    ) -> bytes | None:
+        """The frame of ``size`` bytes whose first bytes (size prefix included) are ``rest``,
+        read as its bytes arrive; None if the peer closed, the server stops or no input
+        budget came in time. Up to ``KEEP_BUFFER`` into one heap buffer (its budget taken
+        at once: as the Thrift door's buffer, at most 1 MiB ahead of the bytes), a bigger
+        one into its own mapping, budgeted step by step (``TcpServer._read_big_frame``,
+        the Thrift door's too); the budget taken is added to ``held[0]`` (given back by the
+        caller once the request is handled). Measured (perf/bench_kafka.py, size sweep):
+        a mapping for every frame over 64 KiB cost the broker 1.5x the CPU per record of
+        10-100 KB records."""
+        if 4 + size > KEEP_BUFFER:
+            big = BigFrame()
+            try:
+                if not self._read_big_frame(sock, peer, memoryview(rest), size, big):
+                    return None
+                assert big.mm is not None
+                return big.mm[4 : 4 + size]
+            finally:
+                held[0] += big.taken  # kept until the request is handled; the mapping goes now
+                big.taken = 0
+                big.release(self._budget)
+        need = 4 + size - len(rest)
+        if not self._take_input_budget(peer, size, need):
+            return None
+        held[0] += need
+        data = sock.recv(need, socket.MSG_WAITALL)
+        RECEIVING.note(threading.get_ident())
+        if len(data) < need:  # the peer closed (or the server is stopping)
+            return None
+        return rest[4:] + data
+
     def _serve_frames(self, sock: socket.socket, peer: Any, held: list[int], pending: list[Any]) -> None:
         """Read frames ahead (up to _READ_AHEAD bytes a recv, that much taken from the
         input budget while a connection is busy; _UNBUDGETED without it), so pipelined
@@ -105,20 +138,16 @@ class KafkaServer(TcpServer):
                 if not held[0] and budget.try_take(_READ_AHEAD - _UNBUDGETED):
                     held[0] = _READ_AHEAD - _UNBUDGETED
                 cap = _UNBUDGETED + held[0]
-                if avail >= 4 and 4 + size > cap:  # a big frame: read the rest as it comes, budgeted
+                if avail >= 4 and 4 + size > cap:  # larger than the read-ahead: read the rest, budgeted
                     buf, pos = b"", 0
-                    big = BigFrame()
+                    frame_budget = [0]
                     try:
-                        if not self._read_big_frame(sock, peer, memoryview(rest), size, big):
-                            return
-                        assert big.mm is not None
-                        frame = big.mm[4 : 4 + size]
-                        big.unmap()  # its budget is held until the request is handled
-                        if self._handle(sock, peer, frame, None) is None:
+                        frame = self._read_large_frame(sock, peer, rest, size, frame_budget)
+                        if frame is None or self._handle(sock, peer, frame, None) is None:
                             return
                         del frame
                     finally:
-                        big.release(budget)
+                        budget.give(frame_budget[0])
                     continue
                 data = sock.recv(cap - len(rest))
                 RECEIVING.note(threading.get_ident())  # a Thrift connection stops busy polling
