@@ -1,8 +1,10 @@
 """The TCP floor under every door: listener, connections, input budget, framed reads
 and scatter/gather sends. The Thrift door (:mod:`luxun.thrift.server`) and the Kafka
 door (:mod:`luxun.kafka.server`) are subclasses of :class:`TcpServer`; both speak
-frames of an int32 size and that many bytes, and both get their big frames, their
-input budget and their sends from here.
+frames of an int32 size and that many bytes, and both get their listener, connection
+threads, frame-size refusal, input budget and sends from here (and the Thrift door its
+frames over 1 MiB, :class:`BigFrame`; the Kafka door reads those into the heap, budgeted
+step by step: see ``KafkaServer._read_large_frame`` for the measurement).
 
 One thread per connection: a slow or long-polling client is a blocked thread, not a
 busy one (perf/bench_server_models.py measured the models).

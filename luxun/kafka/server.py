@@ -7,11 +7,11 @@ use several connections for that reason). A frame whose size is <= 0 or above
 ``max_frame_bytes`` (``socket.request.max.bytes`` in Kafka), or that does not parse,
 closes only that connection, with one rate-limited log line.
 
-Memory is bounded as on the Thrift port, by the same code (:mod:`luxun.net`): a
-frame larger than the read-ahead buffer is received into its own mapping as its bytes
-arrive, budget taken from the broker-wide :class:`~luxun.net.InputBudget` step by
-step (a client announcing 2 GiB and sending nothing holds nothing); a connection that
-cannot get budget within ``budget_wait_s`` is closed. Responses go out with
+Memory is bounded as on the Thrift port, by the same budget (:mod:`luxun.net`): a
+frame larger than the read-ahead buffer is read as its bytes arrive, 1 MiB at a time,
+each step's room taken from the broker-wide :class:`~luxun.net.InputBudget` first (a
+client announcing 2 GiB and sending nothing holds nothing); a connection that cannot
+get budget within ``budget_wait_s`` is closed. Responses go out with
 :func:`~luxun.net.send_parts` (a Fetch of many partitions is many buffers).
 
 Thread-safety: ``start``/``stop`` from the main thread; connections run in their own.
@@ -27,7 +27,7 @@ import threading
 from typing import Any, Protocol
 
 from ..logs import RateLimitedLog
-from ..net import KEEP_BUFFER, RECEIVING, BigFrame, TcpServer, send_parts
+from ..net import READ_BUFFER, RECEIVING, TcpServer, send_parts
 
 __all__ = ["FrameHandler", "KafkaServer"]
 
@@ -79,34 +79,29 @@ class KafkaServer(TcpServer):
         self, sock: socket.socket, peer: Any, rest: bytes, size: int, held: list[int]
     ) -> bytes | None:
         """The frame of ``size`` bytes whose first bytes (size prefix included) are ``rest``,
-        read as its bytes arrive; None if the peer closed, the server stops or no input
-        budget came in time. Up to ``KEEP_BUFFER`` into one heap buffer (its budget taken
-        at once: as the Thrift door's buffer, at most 1 MiB ahead of the bytes), a bigger
-        one into its own mapping, budgeted step by step (``TcpServer._read_big_frame``,
-        the Thrift door's too); the budget taken is added to ``held[0]`` (given back by the
-        caller once the request is handled). Measured (perf/bench_kafka.py, size sweep):
-        a mapping for every frame over 64 KiB cost the broker 1.5x the CPU per record of
-        10-100 KB records."""
-        if 4 + size > KEEP_BUFFER:
-            big = BigFrame()
-            try:
-                if not self._read_big_frame(sock, peer, memoryview(rest), size, big):
-                    return None
-                assert big.mm is not None
-                return big.mm[4 : 4 + size]
-            finally:
-                held[0] += big.taken  # kept until the request is handled; the mapping goes now
-                big.taken = 0
-                big.release(self._budget)
+        read as its bytes arrive, in steps of at most ``READ_BUFFER`` whose input budget is
+        taken before each (``TcpServer._take_input_budget``, as the Thrift door's buffers;
+        added to ``held[0]``, given back by the caller once the request is handled); None
+        if the peer closed, the server stops or no budget came in time.
+
+        Into the heap, not a mapping of its own as the Thrift door's frames over 1 MiB
+        (``TcpServer._read_big_frame``): measured with perf/bench_kafka.py --before, a
+        mapping per frame (page faults on every request) cost the broker 1.3-1.8x the CPU
+        per record of confluent-kafka's ~1 MB produce requests (1 KB and 100 KB records)."""
+        parts = [rest[4:]]
         need = 4 + size - len(rest)
-        if not self._take_input_budget(peer, size, need):
-            return None
-        held[0] += need
-        data = sock.recv(need, socket.MSG_WAITALL)
-        RECEIVING.note(threading.get_ident())
-        if len(data) < need:  # the peer closed (or the server is stopping)
-            return None
-        return rest[4:] + data
+        while need > 0:
+            step = min(READ_BUFFER, need)
+            if not self._take_input_budget(peer, size, step):
+                return None
+            held[0] += step
+            chunk = sock.recv(step, socket.MSG_WAITALL)
+            RECEIVING.note(threading.get_ident())
+            if len(chunk) < step:  # the peer closed (or the server is stopping)
+                return None
+            parts.append(chunk)
+            need -= step
+        return b"".join(parts)
 
     def _serve_frames(self, sock: socket.socket, peer: Any, held: list[int], pending: list[Any]) -> None:
         """Read frames ahead (up to _READ_AHEAD bytes a recv, that much taken from the
