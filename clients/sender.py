@@ -17,9 +17,8 @@ to turn messages into packs and packs into acknowledged queue items.
   ``attempts`` counted and the owner asked whether to give up). What a batch's outcome
   means (futures, counters, discards, pool bytes) is the owner's: a :class:`SendOwner`.
 
-The producer (:mod:`clients.producer`) and the agent (:mod:`clients.agent.core`) run a
-:class:`BrokerSender` per broker; the Spark writer (:mod:`clients.spark.write`) packs with
-:class:`Batch` and :func:`pack_parts` and produces each pack in the task's own thread.
+The producer (:mod:`clients.producer`), the agent (:mod:`clients.agent.core`) and the
+Spark writer (:mod:`clients.spark.write`) each run a :class:`BrokerSender` per broker.
 """
 
 from __future__ import annotations
@@ -243,6 +242,12 @@ class BrokerSender(threading.Thread, Generic[B]):
     def put(self, batch: B) -> None:
         with self.cond:
             self.queue.append(batch)
+            self.cond.notify()
+
+    def put_first(self, batches: list[B]) -> None:
+        """Put ``batches`` before everything queued (e.g. the halves of a refused pack)."""
+        with self.cond:
+            self.queue.extendleft(reversed(batches))
             self.cond.notify()
 
     def poke(self) -> None:

@@ -81,7 +81,7 @@ def test_apportion_shares_the_limit() -> None:
     assert sum(P.apportion(avail, 1).values()) == 1  # always progress
 
 
-class _RecordingSender(W.Sender):
+class _RecordingSender(W.Packer):
     def __init__(self, pack_size: int, pack_bytes: int) -> None:
         self.opts = O.WriteOptions(("h:1",), "t", pack_size, pack_bytes, 0, 1000)
         self.pending = {}

@@ -11,6 +11,7 @@ import pytest
 
 from clients.messages import decode_pack
 from idl import luxun_thrift as T
+from tests._broker import free_port
 from tests.spark.conftest import Brokers, address, make_packs, produce_packs
 
 pytestmark = pytest.mark.timeout(600)
@@ -354,6 +355,22 @@ def test_write_halves_packs_a_broker_refuses_as_too_large(spark: Any, brokers: B
     big = spark.createDataFrame([(b"x" * 5000,)], "value binary")
     with pytest.raises(Exception, match=f"MESSAGE_SIZE_TOO_LARGE: produce to topic '{topic}-big' on {b} failed"):
         big.write.format("luxun").mode("append").option("luxun.servers", b).option("topic", f"{topic}-big").save()
+
+
+def test_write_hands_packs_past_a_broker_that_is_down(spark: Any, broker: Any, topic: str) -> None:
+    """The writer sends through the clients' one sender: packs meant for a broker that
+    cannot be reached go to the next one (every row arrives once, on the live broker); with
+    every broker down the write fails, naming the topic."""
+    live, dead = address(broker), f"127.0.0.1:{free_port()}"
+    values = [f"w{i:04d}".encode() for i in range(600)]
+    df = spark.createDataFrame([(v,) for v in values], "value binary").coalesce(1)
+    df.write.format("luxun").mode("append").option("luxun.servers", f"{dead},{live}").option("topic", topic) \
+        .option("packSize", "50").option("timeoutMs", "2000").save()  # fmt: skip
+    got = read(spark, live, topic).collect()
+    assert sorted(bytes(r["value"]) for r in got) == values
+    with pytest.raises(Exception, match=f"no luxun broker took a pack for topic '{topic}-none'"):
+        df.write.format("luxun").mode("append").option("luxun.servers", dead).option("topic", f"{topic}-none") \
+            .option("timeoutMs", "2000").save()  # fmt: skip
 
 
 def test_streaming_write_round_trip(spark: Any, broker: Any, topic: str, tmp_path: Path) -> None:
