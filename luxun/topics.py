@@ -822,14 +822,14 @@ class TopicManager:
 
 def validate_topic(name: object) -> str:
     """Check a topic name against the topic-name rules (:mod:`idl.names`, the same for
-    every door, the agent and the CLI), after bigarray's own guard of its directory names.
+    every door, the agent and the CLI; they hold bigarray's rules for directory names).
 
     Raises:
         bigarray.InvalidNameError: naming the rule that was broken.
     """
-    validate_name(name, what="topic")
-    problem = topic_name_problem(name)
+    problem = topic_name_problem(name)  # one scan of a legal name (every call that names a topic)
     if problem is not None:
+        validate_name(name, what="topic")  # bigarray's words, where it has a rule for it
         raise InvalidNameError(f"topic {name!r}: {problem}")
     assert isinstance(name, str)
     return name

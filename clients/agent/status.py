@@ -28,7 +28,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .core import TRANSPORTS, VERSION, Agent
+from .core import VERSION, Agent
+from .inputs import TRANSPORTS
 
 _FRONT = """<html><head><title>luxun agent</title></head><body><h1>luxun agent (Dory-compatible)</h1><ul>
 <li>server info: <a href="/server_info/plain">plain</a> <a href="/server_info/json">json</a></li>

@@ -54,23 +54,19 @@ stops it and answers every waiting request.
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import enum
 import logging
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
 from kio.schema.errors import ErrorCode
 
-from bigarray import InvalidNameError, validate_name
-
 from ..logs import RateLimitedLog
 from ..topics import TopicManager
+from .group_admin import GroupAdmin
+from .membership import Group, GroupState, Member, Waiter, ms_of, set_timeouts, valid_group_id
 from .offsets import OffsetStore
 from .protocol import build, response_schema
 
@@ -95,143 +91,9 @@ DESCRIBE_GROUPS, LIST_GROUPS, OFFSET_COMMIT, OFFSET_FETCH, DELETE_GROUPS = 15, 1
 CONSUMER_GROUP_HEARTBEAT = 68
 
 _E = ErrorCode
-_NO_AUTHORIZED_OPERATIONS: Final = -(2**31)
 
 
-class GroupState(enum.StrEnum):
-    """A group's state (the names DescribeGroups and ListGroups answer)."""
-
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-    DEAD = "Dead"
-
-
-class _Waiter:
-    """A blocked JoinGroup or SyncGroup: ``result`` is set (under the group's lock) when
-    it is answered."""
-
-    __slots__ = ("result",)
-
-    def __init__(self) -> None:
-        self.result: dict[str, Any] | None = None
-
-
-class _Member:
-    __slots__ = (
-        "assignment",
-        "client_host",
-        "client_id",
-        "heartbeat_s",
-        "instance_id",
-        "join",
-        "member_id",
-        "protocol_type",
-        "protocols",
-        "rebalance_timeout_s",
-        "session_timeout_s",
-        "sync",
-    )
-
-    def __init__(self, member_id: str, instance_id: str | None, client_id: str, client_host: str) -> None:
-        self.member_id = member_id
-        self.instance_id = instance_id
-        self.client_id = client_id
-        self.client_host = client_host
-        self.session_timeout_s = 10.0
-        self.rebalance_timeout_s = 10.0
-        self.protocol_type = ""
-        self.protocols: list[tuple[str, bytes]] = []
-        self.assignment = b""
-        self.heartbeat_s = 0.0  # the last heartbeat, on the coordinator's clock
-        self.join: _Waiter | None = None  # a JoinGroup waiting for the rebalance
-        self.sync: _Waiter | None = None  # a SyncGroup waiting for the leader's
-
-    def metadata(self, protocol: str | None) -> bytes:
-        for name, data in self.protocols:
-            if name == protocol:
-                return data
-        return b""
-
-    def same_protocols(self, protocols: list[tuple[str, bytes]]) -> bool:
-        return self.protocols == protocols
-
-
-class _Group:
-    """One group's state; every field is guarded by ``cond``'s lock."""
-
-    def __init__(self, group_id: str) -> None:
-        self.group_id = group_id
-        self.cond = threading.Condition(threading.Lock())
-        self.state = GroupState.EMPTY
-        self.generation = 0
-        self.protocol_type: str | None = None
-        self.protocol_name: str | None = None
-        self.leader: str | None = None
-        self.members: dict[str, _Member] = {}
-        self.static: dict[str, str] = {}  # group.instance.id -> member id
-        self.pending: dict[str, float] = {}  # member ids given out (MEMBER_ID_REQUIRED) -> expiry
-        self.pending_sync: set[str] = set()
-        self.rebalance_deadline_s = 0.0  # PreparingRebalance: when the join ends regardless
-        self.initial_delay_until_s = 0.0  # the initial rebalance delay (an Empty group's first join)
-        self.initial_delay_limit_s = 0.0
-        self.sync_deadline_s = 0.0  # CompletingRebalance / Stable: when members that did not sync are removed
-        self.rebalances = 0
-        self.touched_s = 0.0  # the last request for it (clock of the coordinator)
-        self.evicted = False  # taken out of the coordinator's map: look it up again
-        #: When the background thread next has something to do here (read without the
-        #: lock: a float; written under it after every request and tick).
-        self.wake_s = 0.0
-
-    def is_leader(self, member_id: str) -> bool:
-        return self.leader == member_id
-
-    def rebalance_timeout_s(self) -> float:
-        return max((m.rebalance_timeout_s for m in self.members.values()), default=0.0)
-
-    def all_joined(self) -> bool:
-        return not self.pending and all(m.join is not None for m in self.members.values())
-
-    def candidate_protocols(self) -> set[str]:
-        """The protocols every member supports."""
-        members = list(self.members.values())
-        if not members:
-            return set()
-        common = {name for name, _ in members[0].protocols}
-        for m in members[1:]:
-            common &= {name for name, _ in m.protocols}
-        return common
-
-    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
-        """Kafka's GroupMetadata.supportsProtocols."""
-        if not self.members:
-            return bool(protocol_type) and bool(protocols)
-        candidates = self.candidate_protocols()
-        return protocol_type == self.protocol_type and any(name in candidates for name, _ in protocols)
-
-    def select_protocol(self) -> str | None:
-        """The protocol most members name first among those every member supports
-        (ties: the first such in the leader's order)."""
-        candidates = self.candidate_protocols()
-        if not candidates:
-            return None
-        votes: Counter[str] = Counter()
-        for m in self.members.values():
-            votes[next(name for name, _ in m.protocols if name in candidates)] += 1
-        leader = self.members.get(self.leader or "") or next(iter(self.members.values()))
-        order = [name for name, _ in leader.protocols if name in candidates]
-        return max(order, key=lambda name: (votes[name], -order.index(name)))
-
-    def fenced(self, member_id: str, instance_id: str | None) -> bool:
-        """A static member's old id (another member took its group.instance.id)."""
-        if instance_id is None:
-            return False
-        current = self.static.get(instance_id)
-        return current is not None and current != member_id
-
-
-class GroupCoordinator:
+class GroupCoordinator(GroupAdmin):
     """Kafka's group coordinator over a :class:`~luxun.topics.TopicManager`.
 
     Args:
@@ -288,7 +150,7 @@ class GroupCoordinator:
         self.empty_group_ttl_s = empty_group_ttl_ms / 1000
         self.clock = clock
         self._lock = threading.Lock()  # guards _groups only
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, Group] = {}
         self._closed = threading.Event()
         #: Rebalances completed (a new generation), all groups.
         self.rebalances_total = 0
@@ -387,8 +249,8 @@ class GroupCoordinator:
         group_id = request.group_id
         member_id = request.member_id or ""
         instance_id = getattr(request, "group_instance_id", None)
-        session_ms = _ms(request.session_timeout)
-        rebalance_ms = _ms(getattr(request, "rebalance_timeout", None)) if version >= 1 else session_ms
+        session_ms = ms_of(request.session_timeout)
+        rebalance_ms = ms_of(getattr(request, "rebalance_timeout", None)) if version >= 1 else session_ms
         if rebalance_ms < 0:
             rebalance_ms = session_ms
         protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
@@ -396,7 +258,7 @@ class GroupCoordinator:
         def error(code: ErrorCode, member: str = member_id) -> dict[str, Any]:
             return _join_error(code, member)
 
-        if not _valid_group_id(group_id):
+        if not valid_group_id(group_id):
             return error(_E.invalid_group_id)
         if not self.min_session_timeout_ms <= session_ms <= self.max_session_timeout_ms:
             return error(_E.invalid_session_timeout)
@@ -414,7 +276,7 @@ class GroupCoordinator:
                 new_id = f"{instance_id or client_id}-{uuid.uuid4()}"
                 if instance_id is not None and instance_id in group.static:
                     old = group.members[group.static[instance_id]]
-                    _set_timeouts(old, session_ms, rebalance_ms)
+                    set_timeouts(old, session_ms, rebalance_ms)
                     result = self._join_static_again(group, old, new_id, protocols, now)
                     if isinstance(result, dict):
                         return result
@@ -423,8 +285,8 @@ class GroupCoordinator:
                     group.pending[new_id] = now + session_ms / 1000
                     return error(_E.member_id_required, new_id)
                 else:
-                    member = _Member(new_id, instance_id, client_id, client_host)
-                    _set_timeouts(member, session_ms, rebalance_ms)
+                    member = Member(new_id, instance_id, client_id, client_host)
+                    set_timeouts(member, session_ms, rebalance_ms)
                     waiter = self._add_member(group, member, request.protocol_type, protocols, now)
             elif member_id in group.pending:
                 if instance_id is not None:
@@ -432,8 +294,8 @@ class GroupCoordinator:
                 del group.pending[member_id]
                 if not group.supports(request.protocol_type, protocols):
                     return error(_E.inconsistent_group_protocol)
-                member = _Member(member_id, None, client_id, client_host)
-                _set_timeouts(member, session_ms, rebalance_ms)
+                member = Member(member_id, None, client_id, client_host)
+                set_timeouts(member, session_ms, rebalance_ms)
                 waiter = self._add_member(group, member, request.protocol_type, protocols, now)
             else:
                 if group.fenced(member_id, instance_id):
@@ -444,7 +306,7 @@ class GroupCoordinator:
                 member = member_or_none
                 if not group.supports(request.protocol_type, protocols):
                     return error(_E.inconsistent_group_protocol)
-                _set_timeouts(member, session_ms, rebalance_ms)
+                set_timeouts(member, session_ms, rebalance_ms)
                 member.heartbeat_s = now
                 state = group.state
                 if state is GroupState.PREPARING_REBALANCE:
@@ -465,12 +327,12 @@ class GroupCoordinator:
             return self._wait(group, waiter, _join_error(_E.coordinator_not_available, member_id))
 
     def _add_member(
-        self, group: _Group, member: _Member, protocol_type: str, protocols: list[tuple[str, bytes]], now: float
-    ) -> _Waiter:
+        self, group: Group, member: Member, protocol_type: str, protocols: list[tuple[str, bytes]], now: float
+    ) -> Waiter:
         member.protocol_type = protocol_type
         member.protocols = protocols
         member.heartbeat_s = now
-        member.join = _Waiter()
+        member.join = Waiter()
         if not group.members:
             group.protocol_type = protocol_type
         group.members[member.member_id] = member
@@ -483,18 +345,18 @@ class GroupCoordinator:
         self._maybe_prepare_rebalance(group, now, f"member {member.member_id} joined")
         return member.join
 
-    def _update_member(self, group: _Group, member: _Member, protocols: list[tuple[str, bytes]], now: float) -> _Waiter:
+    def _update_member(self, group: Group, member: Member, protocols: list[tuple[str, bytes]], now: float) -> Waiter:
         member.protocols = protocols
         if member.join is not None:  # a JoinGroup of this member still waiting (a retry elsewhere)
             member.join.result = _join_error(_E.rebalance_in_progress, member.member_id)
             group.cond.notify_all()
-        member.join = _Waiter()
+        member.join = Waiter()
         self._maybe_prepare_rebalance(group, now, f"member {member.member_id} rejoined")
         return member.join
 
     def _join_static_again(
-        self, group: _Group, member: _Member, new_id: str, protocols: list[tuple[str, bytes]], now: float
-    ) -> _Waiter | dict[str, Any]:
+        self, group: Group, member: Member, new_id: str, protocols: list[tuple[str, bytes]], now: float
+    ) -> Waiter | dict[str, Any]:
         """A static member joins under a new member id: it takes the old one's place
         (whatever the old id still waits for is answered FENCED_INSTANCE_ID)."""
         old_id = member.member_id
@@ -528,7 +390,7 @@ class GroupCoordinator:
             return _join_error(_E.unknown_member_id, new_id)
         return self._update_member(group, member, protocols, now)
 
-    def _join_result(self, group: _Group, member: _Member) -> dict[str, Any]:
+    def _join_result(self, group: Group, member: Member) -> dict[str, Any]:
         leader = group.is_leader(member.member_id)
         members = (
             [
@@ -554,11 +416,11 @@ class GroupCoordinator:
         }
 
     # -- rebalancing (every method below runs under the group's lock) -------------------------
-    def _maybe_prepare_rebalance(self, group: _Group, now: float, reason: str) -> None:
+    def _maybe_prepare_rebalance(self, group: Group, now: float, reason: str) -> None:
         if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
             self._prepare_rebalance(group, now, reason)
 
-    def _prepare_rebalance(self, group: _Group, now: float, reason: str) -> None:
+    def _prepare_rebalance(self, group: Group, now: float, reason: str) -> None:
         if group.state is GroupState.COMPLETING_REBALANCE:  # waiting SyncGroups: rejoin
             for m in group.members.values():
                 m.assignment = b""
@@ -577,14 +439,14 @@ class GroupCoordinator:
         log.info("group %r: preparing to rebalance (generation %d, %s)", group.group_id, group.generation, reason)
         group.state = GroupState.PREPARING_REBALANCE
 
-    def _maybe_complete_join(self, group: _Group, now: float) -> None:
+    def _maybe_complete_join(self, group: Group, now: float) -> None:
         if group.state is not GroupState.PREPARING_REBALANCE:
             return
         delayed = group.initial_delay_until_s and now < group.initial_delay_until_s
         if (group.all_joined() and not delayed) or now >= group.rebalance_deadline_s:
             self._complete_join(group, now)
 
-    def _complete_join(self, group: _Group, now: float) -> None:
+    def _complete_join(self, group: Group, now: float) -> None:
         """End the join phase: drop members that did not rejoin, start a generation,
         answer the waiting JoinGroups."""
         for m in [m for m in group.members.values() if m.join is None]:
@@ -620,7 +482,7 @@ class GroupCoordinator:
             m.heartbeat_s = now
         group.cond.notify_all()
 
-    def _remove(self, group: _Group, member: _Member) -> None:
+    def _remove(self, group: Group, member: Member) -> None:
         """Take ``member`` out of ``group`` (its waiting requests get UNKNOWN_MEMBER_ID)."""
         if member.join is not None:
             member.join.result = _join_error(_E.unknown_member_id, member.member_id)
@@ -635,13 +497,13 @@ class GroupCoordinator:
         if group.leader == member.member_id:
             group.leader = next(iter(group.members), None)
 
-    def _remove_and_rebalance(self, group: _Group, member: _Member, now: float, reason: str) -> None:
+    def _remove_and_rebalance(self, group: Group, member: Member, now: float, reason: str) -> None:
         self._remove(group, member)
         if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self._prepare_rebalance(group, now, reason)
         self._maybe_complete_join(group, now)  # at once when no member is left to wait for
 
-    def _tick(self, group: _Group, now: float) -> None:
+    def _tick(self, group: Group, now: float) -> None:
         """Expire sessions, pending member ids and SyncGroups not sent in time; end a
         join phase whose time is up."""
         for member_id, expiry in list(group.pending.items()):
@@ -670,7 +532,7 @@ class GroupCoordinator:
             self._prepare_rebalance(group, now, "members did not sync in time")
         self._maybe_complete_join(group, now)
 
-    def _next_deadline(self, group: _Group) -> float:
+    def _next_deadline(self, group: Group) -> float:
         deadlines = [m.heartbeat_s + m.session_timeout_s for m in group.members.values()]
         deadlines.extend(group.pending.values())
         if group.state is GroupState.PREPARING_REBALANCE:
@@ -681,7 +543,7 @@ class GroupCoordinator:
             deadlines.append(group.sync_deadline_s)
         return min(deadlines, default=float("inf"))
 
-    def _wake_time(self, group: _Group) -> float:
+    def _wake_time(self, group: Group) -> float:
         """When the background thread must look at ``group`` next: its next deadline,
         or when it may be forgotten."""
         wake = self._next_deadline(group)
@@ -689,7 +551,7 @@ class GroupCoordinator:
             wake = min(wake, group.touched_s + self.empty_group_ttl_s)
         return wake
 
-    def _wait(self, group: _Group, waiter: _Waiter, closed: dict[str, Any]) -> dict[str, Any]:
+    def _wait(self, group: Group, waiter: Waiter, closed: dict[str, Any]) -> dict[str, Any]:
         """Wait (the group's lock held, released while waiting) until ``waiter`` is
         answered; ``closed`` when the coordinator closes first."""
         while waiter.result is None:
@@ -721,7 +583,7 @@ class GroupCoordinator:
 
     # -- SyncGroup -------------------------------------------------------------------------------
     def _sync_group(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        if not _valid_group_id(request.group_id):
+        if not valid_group_id(request.group_id):
             return _sync_error(_E.invalid_group_id)
         member_id = request.member_id
         with self._locked(request.group_id) as group:
@@ -753,7 +615,7 @@ class GroupCoordinator:
             # CompletingRebalance
             if member.sync is not None:
                 member.sync.result = _sync_error(_E.rebalance_in_progress)
-            waiter = member.sync = _Waiter()
+            waiter = member.sync = Waiter()
             if group.is_leader(member_id):
                 given = {a.member_id: bytes(a.assignment) for a in request.assignments}
                 for m in group.members.values():
@@ -768,7 +630,7 @@ class GroupCoordinator:
             return self._wait(group, waiter, _sync_error(_E.coordinator_not_available))
 
     @staticmethod
-    def _sync_result(group: _Group, member: _Member) -> dict[str, Any]:
+    def _sync_result(group: Group, member: Member) -> dict[str, Any]:
         return {
             "error_code": _E.none,
             "protocol_type": group.protocol_type,
@@ -776,9 +638,7 @@ class GroupCoordinator:
             "assignment": member.assignment,
         }
 
-    def _check_member(
-        self, group: _Group, member_id: str, instance_id: str | None, generation: int
-    ) -> ErrorCode | None:
+    def _check_member(self, group: Group, member_id: str, instance_id: str | None, generation: int) -> ErrorCode | None:
         """The error of a request of a member of ``group`` in ``generation`` (Kafka's
         order of checks), None if it may go on."""
         if group.state is GroupState.DEAD:
@@ -793,7 +653,7 @@ class GroupCoordinator:
 
     # -- Heartbeat -------------------------------------------------------------------------------
     def _heartbeat(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        if not _valid_group_id(request.group_id):
+        if not valid_group_id(request.group_id):
             return {"error_code": _E.invalid_group_id}
         with self._locked(request.group_id) as group:
             if group is None:
@@ -819,7 +679,7 @@ class GroupCoordinator:
             identities: list[tuple[str, str | None]] = [(request.member_id, None)]
         else:
             identities = [(m.member_id, m.group_instance_id) for m in leaving]
-        if not _valid_group_id(request.group_id):
+        if not valid_group_id(request.group_id):
             return {"error_code": _E.invalid_group_id, "members": []}
         with self._locked(request.group_id) as group:
             if group is None:
@@ -839,7 +699,7 @@ class GroupCoordinator:
             ],
         }
 
-    def _leave(self, group: _Group, member_id: str, instance_id: str | None, now: float) -> ErrorCode:
+    def _leave(self, group: Group, member_id: str, instance_id: str | None, now: float) -> ErrorCode:
         if instance_id is not None:
             current = group.static.get(instance_id)
             if current is None:
@@ -858,178 +718,6 @@ class GroupCoordinator:
         self._remove_and_rebalance(group, member, now, f"member {member_id} left")
         return _E.none
 
-    # -- DescribeGroups, ListGroups, DeleteGroups ------------------------------------------------
-    def _describe_groups(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        return {"groups": [self._describe_one(g, version) for g in request.groups]}
-
-    def _describe_one(self, group_id: str, version: int) -> dict[str, Any]:
-        dead = {
-            "error_code": _E.none,
-            "group_id": group_id,
-            "group_state": GroupState.DEAD.value,
-            "protocol_type": "",
-            "protocol_data": "",
-            "members": [],
-            "authorized_operations": _NO_AUTHORIZED_OPERATIONS,
-        }
-        if not _valid_group_id(group_id):
-            return dead | {"error_code": _E.invalid_group_id, "error_message": f"invalid group id {group_id!r}"}
-        with self._locked(group_id) as group:
-            if group is None:
-                if self.offsets.has_offsets(group_id):
-                    return dead | {"group_state": GroupState.EMPTY.value}
-                if version >= 6:
-                    return dead | {
-                        "error_code": _E.group_id_not_found,
-                        "error_message": f"group {group_id!r} not found",
-                    }
-                return dead
-            stable = group.state is GroupState.STABLE
-            return {
-                "error_code": _E.none,
-                "group_id": group_id,
-                "group_state": group.state.value,
-                "protocol_type": group.protocol_type or "",
-                "protocol_data": (group.protocol_name or "") if stable else "",
-                "members": [
-                    {
-                        "member_id": m.member_id,
-                        "group_instance_id": m.instance_id,
-                        "client_id": m.client_id,
-                        "client_host": m.client_host,
-                        "member_metadata": m.metadata(group.protocol_name) if stable else b"",
-                        "member_assignment": m.assignment if stable else b"",
-                    }
-                    for m in group.members.values()
-                ],
-                "authorized_operations": _NO_AUTHORIZED_OPERATIONS,
-            }
-
-    def _list_groups(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        states = {s.lower() for s in getattr(request, "states_filter", ()) or ()}
-        types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
-        rows: dict[str, tuple[str, str]] = {}
-        for group in self._all_groups():
-            with group.cond:
-                if group.state is not GroupState.DEAD:
-                    rows[group.group_id] = (group.protocol_type or "", group.state.value)
-        for group_id in self.offsets.groups():  # groups known by their committed offsets only
-            rows.setdefault(group_id, ("", GroupState.EMPTY.value))
-        return {
-            "error_code": _E.none,
-            "groups": [
-                {"group_id": gid, "protocol_type": ptype, "group_state": state, "group_type": "classic"}
-                for gid, (ptype, state) in sorted(rows.items())
-                if (not states or state.lower() in states) and (not types or "classic" in types)
-            ],
-        }
-
-    def _delete_groups(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        return {"results": [{"group_id": g, "error_code": self._delete_one(g)} for g in request.groups_names]}
-
-    def _delete_one(self, group_id: str) -> ErrorCode:
-        if not _valid_group_id(group_id):
-            return _E.invalid_group_id
-        with self._locked(group_id) as group:
-            if group is not None:
-                if group.state is not GroupState.EMPTY:
-                    return _E.non_empty_group
-                self._evict(group)
-            elif not self.offsets.has_offsets(group_id):
-                return _E.group_id_not_found
-            # under the group's lock (if it was known): no commit of it runs meanwhile
-            self.offsets.delete_group(group_id)
-        log.info("group %r deleted with its committed offsets", group_id)
-        return _E.none
-
-    # -- OffsetCommit, OffsetFetch ---------------------------------------------------------------
-    def _offset_commit(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        group_id = request.group_id
-        generation = request.generation_id_or_member_epoch
-        member_id = request.member_id or ""
-        instance_id = getattr(request, "group_instance_id", None)
-        if not _valid_group_id(group_id):
-            return self._commit_answers(request, group_id, _E.invalid_group_id)
-        with self._locked(group_id, create=generation < 0) as group:
-            if group is None:  # no such group and a generation: an old member
-                return self._commit_answers(request, group_id, _E.illegal_generation)
-            now = self.clock()
-            self._tick(group, now)
-            error = None
-            if group.state is GroupState.DEAD:
-                error = _E.coordinator_not_available
-            elif group.fenced(member_id, instance_id):
-                error = _E.fenced_instance_id
-            elif generation < 0 and group.state is GroupState.EMPTY:
-                pass  # a consumer that keeps only its offsets in the group
-            elif member_id not in group.members:
-                error = _E.unknown_member_id
-            elif generation != group.generation:
-                error = _E.illegal_generation
-            elif group.state is GroupState.COMPLETING_REBALANCE:
-                error = _E.rebalance_in_progress
-            else:
-                group.members[member_id].heartbeat_s = now
-            # stored under the group's lock, as Kafka does: no rebalance in between
-            return self._commit_answers(request, group_id, error)
-
-    def _commit_answers(self, request: Any, group_id: str, error: ErrorCode | None) -> dict[str, Any]:
-        """Store every partition's offset (or answer ``error`` for each)."""
-
-        def store(topic: str, p: Any) -> ErrorCode:
-            if error is not None:
-                return error
-            return self.offsets.commit(group_id, topic, p.partition_index, p.committed_offset, p.committed_metadata)
-
-        return {
-            "topics": [
-                {
-                    "name": t.name,
-                    "partitions": [
-                        {"partition_index": p.partition_index, "error_code": store(t.name, p)} for p in t.partitions
-                    ],
-                }
-                for t in request.topics
-            ]
-        }
-
-    def _offset_fetch(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
-        if version >= 8:
-            return {"groups": [self._fetch_group(g.group_id, g.topics) for g in request.groups]}
-        answer = self._fetch_group(request.group_id, request.topics)
-        if version < 2 and answer["error_code"] != _E.none:  # v1: no top-level code; in every partition
-            for t in answer["topics"]:
-                for p in t["partitions"]:
-                    p["error_code"] = answer["error_code"]
-        return answer
-
-    def _fetch_group(self, group_id: str, topics: Iterable[Any] | None) -> dict[str, Any]:
-        if not _valid_group_id(group_id):
-            wanted = [(t.name, list(t.partition_indexes)) for t in topics or ()]
-            return {
-                "group_id": group_id,
-                "error_code": _E.invalid_group_id,
-                "topics": [
-                    {"name": name, "partitions": [_fetched(p, -1, "", _E.invalid_group_id) for p in parts]}
-                    for name, parts in wanted
-                ],
-            }
-        if topics is None:
-            by_topic: dict[str, list[int]] = {}
-            for name, partition in self.offsets.partitions(group_id):
-                by_topic.setdefault(name, []).append(partition)
-            wanted = sorted(by_topic.items())
-        else:
-            wanted = [(t.name, list(t.partition_indexes)) for t in topics]
-        out = []
-        for name, parts in wanted:
-            rows = []
-            for p in parts:
-                offset, metadata, code = self.offsets.fetch(group_id, name, p)
-                rows.append(_fetched(p, offset, metadata, code))
-            out.append({"name": name, "partitions": rows})
-        return {"group_id": group_id, "error_code": _E.none, "topics": out}
-
     # -- ConsumerGroupHeartbeat (KIP-848) --------------------------------------------------------
     def _consumer_group_heartbeat(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
         return {
@@ -1038,70 +726,6 @@ class GroupCoordinator:
             "member_id": None,
             "member_epoch": -1,
         }
-
-    # -- groups ----------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self, group_id: str, *, create: bool = False) -> Iterator[_Group | None]:
-        """The group called ``group_id`` (created if ``create``; None if unknown) with
-        its lock held. Order of locks: a group's, then the coordinator's map lock."""
-        while True:
-            group = self._group(group_id, create=create)
-            if group is None:
-                yield None
-                return
-            with group.cond:
-                if group.evicted:  # forgotten meanwhile: look it up again
-                    continue
-                group.touched_s = self.clock()
-                try:
-                    yield group
-                finally:
-                    group.wake_s = self._wake_time(group)
-                return
-
-    def _evict(self, group: _Group) -> None:
-        """Forget ``group`` (its lock held): Dead to whoever still holds it."""
-        group.state = GroupState.DEAD
-        group.evicted = True
-        group.cond.notify_all()
-        with self._lock:
-            if self._groups.get(group.group_id) is group:
-                del self._groups[group.group_id]
-
-    def _group(self, group_id: str, *, create: bool = False) -> _Group | None:
-        with self._lock:
-            group = self._groups.get(group_id)
-            if group is None and create:
-                group = self._groups[group_id] = _Group(group_id)
-            return group
-
-    def _all_groups(self) -> list[_Group]:
-        with self._lock:
-            return list(self._groups.values())
-
-
-def _valid_group_id(group_id: Any) -> bool:
-    """A group id we can keep offsets for: a valid fanout group name."""
-    if not isinstance(group_id, str) or not group_id:
-        return False
-    try:
-        validate_name(group_id, what="group")
-    except (InvalidNameError, ValueError):
-        return False
-    return True
-
-
-def _ms(value: Any) -> int:
-    if value is None:
-        return -1
-    if isinstance(value, datetime.timedelta):
-        return round(value.total_seconds() * 1000)
-    return int(value)
-
-
-def _set_timeouts(member: _Member, session_ms: int, rebalance_ms: int) -> None:
-    member.session_timeout_s = session_ms / 1000
-    member.rebalance_timeout_s = rebalance_ms / 1000
 
 
 def _join_error(code: ErrorCode, member_id: str) -> dict[str, Any]:
@@ -1119,13 +743,3 @@ def _join_error(code: ErrorCode, member_id: str) -> dict[str, Any]:
 
 def _sync_error(code: ErrorCode) -> dict[str, Any]:
     return {"error_code": code, "protocol_type": None, "protocol_name": None, "assignment": b""}
-
-
-def _fetched(partition: int, offset: int, metadata: str, code: ErrorCode) -> dict[str, Any]:
-    return {
-        "partition_index": partition,
-        "committed_offset": offset,
-        "committed_leader_epoch": -1,
-        "metadata": metadata,
-        "error_code": code,
-    }
