@@ -298,6 +298,7 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         3: (TType.I64, "lastConsumedIndex", False),
         4: (TType.LIST, "timestampList", TType.I64, False),
         5: (TType.I64, "firstIndex", False),
+        6: (TType.STRING, "heldBy", False),
     },
     "FindClosestIndexByTimeRequest": {1: (TType.I64, "timestamp", True), 2: (TType.STRING, "topic", True)},
     "FindClosestIndexByTimeResponse": {
@@ -405,6 +406,7 @@ def test_struct_matches_original(name: str, original: Any) -> None:
     if name == "ConsumeResponse":
         assert ours.pop(4) == (TType.LIST, "timestampList", TType.I64, False)
         assert ours.pop(5) == (TType.I64, "firstIndex", False)
+        assert ours.pop(6) == (TType.STRING, "heldBy", False)
     assert ours == theirs
     assert getattr(T, name).default_spec[: len(theirs)] == getattr(original, name).default_spec
 
@@ -494,10 +496,11 @@ def test_original_and_ours_read_each_others_bytes(original: Any, factory: Any) -
     seen = deserialize(original.ConsumeResponse(), serialize(response, factory), factory)
     assert seen.result.errorCode == original.ErrorCode.ALL_MESSAGE_CONSUMED
     assert seen.itemList == [b"a", b"\x00\xff"] and seen.lastConsumedIndex == 9
-    # The timestamp extension fields are skipped by a reader built from the original IDL.
-    response.timestampList, response.firstIndex = [1, 2], 8
+    # The timestamp and heldBy extension fields are skipped by a reader built from the original IDL.
+    response.timestampList, response.firstIndex, response.heldBy = [1, 2], 8, "member-1"
     seen = deserialize(original.ConsumeResponse(), serialize(response, factory), factory)
     assert (seen.itemList, seen.lastConsumedIndex) == ([b"a", b"\x00\xff"], 9) and not hasattr(seen, "firstIndex")
+    assert not hasattr(seen, "heldBy")
     request = deserialize(
         original.ConsumeRequest(), serialize(T.ConsumeRequest(topic="t", withTimestamps=True), factory), factory
     )
