@@ -232,11 +232,22 @@ class KafkaLog:
             return INVALID_CONFIG, f"message.timestamp.type must be CreateTime or LogAppendTime, not {timestamp_type!r}"
         if self.describe(topic) is not None:
             return TOPIC_ALREADY_EXISTS, f"topic {topic!r} already exists"
+        limit, held = self.topics.max_topics, self.topics.count()
+        if limit > 0 and held + partitions > limit:  # each partition is a luxun topic
+            return POLICY_VIOLATION, (
+                f"cannot create topic {topic!r} with {partitions} partition(s): the broker holds {held} of "
+                f"max.topics={limit} topics (each partition is one)"
+            )
         if validate_only:
             return NONE, None
+        made: list[str] = []
         try:
             for p in range(partitions - 1, -1, -1):  # partition 0 last: the topic exists once it is there
-                self.topics.get_or_create(partition_topic(topic, p))
+                name = partition_topic(topic, p)
+                existed = self.topics.known(name)
+                self.topics.get_or_create(name)
+                if not existed:
+                    made.append(name)
             settings = {"partitions": partitions, "topic_id": str(uuid.uuid4()), "timestamp_type": timestamp_type}
             tmp = self._settings_path(topic) + ".tmp"
             with open(tmp, "w", encoding="utf-8") as f:
@@ -245,13 +256,25 @@ class KafkaLog:
                 os.fsync(f.fileno())
             os.replace(tmp, self._settings_path(topic))
         except (TopicLimitError, InvalidNameError) as exc:
+            self._undo_create(topic, made)
             return POLICY_VIOLATION, str(exc)
         except OSError as exc:
+            self._undo_create(topic, made)
             return KAFKA_STORAGE_ERROR, f"cannot create topic {topic!r}: {exc}"
         with self._infos_lock:
             self._infos.pop(topic, None)
         log.info("created topic %r with %d partitions (Kafka)", topic, partitions)
         return NONE, None
+
+    def _undo_create(self, topic: str, made: list[str]) -> None:
+        """A creation refused part-way (another creation took the last of max.topics
+        meanwhile, a full disk): the partitions it made go again, so nothing is left
+        behind, invisible to Kafka clients and counted against the limit."""
+        for name in made:
+            try:
+                self.topics.delete(name)
+            except Exception:
+                log.exception("removing partition %r of the refused topic %r failed", name, topic)
 
     def auto_create(self, topic: str) -> tuple[int, str | None]:
         """Create ``topic`` with ``num.partitions`` if auto-creation is on."""

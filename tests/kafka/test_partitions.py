@@ -3,6 +3,7 @@ Metadata, and num.partitions for topics a client creates by using them."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -138,3 +139,34 @@ def test_thrift_delete_topic_takes_the_kafka_partitions_with_it(broker: BrokerPr
         client.close()
     assert not {"gone", "gone~1", "gone~2"} & names
     assert {"gone2", "gone2~1"} <= names
+
+
+def test_a_create_topics_over_max_topics_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Each partition is a luxun topic: a 5-partition topic on a broker that may hold 3
+    topics is refused (POLICY_VIOLATION) before anything is made, so no partition is left
+    on disk, invisible to Kafka clients and counted against the limit; the 3 topics the
+    limit allows can then all be made. Before, partitions 4..2 were made, then the
+    creation failed, and even a 1-partition topic was refused afterwards."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    props = tmp_path / "limits.properties"
+    props.write_text("max.topics=3\n")
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", "--config", str(props), kafka=True).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        futures = admin.create_topics([NewTopic("wide", num_partitions=5, replication_factor=1)], request_timeout=10)
+        with pytest.raises(KafkaException) as refused:
+            futures["wide"].result(10)
+        assert refused.value.args[0].name() == "POLICY_VIOLATION"
+        assert "max.topics=3" in refused.value.args[0].str()
+        assert [e for e in os.listdir(tmp_path / "data") if not e.startswith(".luxun")] == []
+        futures = admin.create_topics([NewTopic("three", num_partitions=3, replication_factor=1)], request_timeout=10)
+        futures["three"].result(10)
+        assert sorted(e for e in os.listdir(tmp_path / "data") if not e.startswith(".luxun")) == [
+            "three",
+            "three~1",
+            "three~2",
+        ]
+    finally:
+        broker.stop()
