@@ -318,15 +318,21 @@ class KafkaHandler:
         return fetch_response(header.api_version, list(responses.items()))
 
     def _fetch_once(self, wanted: list[tuple[str, Any]], max_bytes: int) -> list[Any]:
+        """Each wanted partition's records within the request's ``max_bytes`` and the
+        partition's ``partition_max_bytes``, by KIP-74's rule: only the first batch of the
+        first partition with data may go over them (so a consumer always progresses);
+        every later partition gets only whole batches that fit in what is left, none once
+        the budget is spent. So an answer is at most ``max_bytes`` plus one batch, however
+        many partitions (or repeats of one partition) a Fetch names."""
         results = []
         left = max_bytes
+        served = False  # a partition with data answered already
         for topic, p in wanted:
-            # KIP-74: the first partition with data gets at least one batch, whatever its size.
-            result = self.log.fetch(topic, p.partition, p.fetch_offset, min(p.partition_max_bytes, max(left, 1)))
+            limit = min(p.partition_max_bytes, left)
+            result = self.log.fetch(topic, p.partition, p.fetch_offset, limit, at_least_one=not served)
             if result.records:
-                left -= len(result.records)
-                if left <= 0:
-                    left = 0
+                served = True
+                left = max(0, left - len(result.records))
             results.append(result)
         return results
 

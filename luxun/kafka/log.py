@@ -424,27 +424,33 @@ class KafkaLog:
             log.warning("could not rebuild producer sequences of %s", array.path, exc_info=True)
 
     # -- reading -----------------------------------------------------------------------
-    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
-        """Record batches from ``offset`` on, about ``max_bytes`` (at least one batch)."""
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, at_least_one: bool = True
+    ) -> FetchResult:
+        """Record batches from ``offset`` on, about ``max_bytes``: at least one batch when
+        ``at_least_one`` (KIP-74's first non-empty partition of a Fetch), else only
+        batches that fit (none when the first does not)."""
         for _attempt in range(3):
             part = self._partition(topic, partition)
             if part is None:
                 return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
             try:
-                return self._read(part, offset, max_bytes)
+                return self._read(part, offset, max_bytes, at_least_one)
             except ArrayClosedError:
                 continue
         return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
 
-    def _read(self, part: Topic, offset: int, max_bytes: int) -> FetchResult:
+    def _read(self, part: Topic, offset: int, max_bytes: int, at_least_one: bool) -> FetchResult:
         array = part.queue
         start, end = array.log_start_offset, array.next_offset
         if offset < start or offset > end:
             return FetchResult(error=OFFSET_OUT_OF_RANGE, high_watermark=end, log_start_offset=start)
-        if offset == end:
+        if offset == end or (max_bytes <= 0 and not at_least_one):
             return FetchResult(high_watermark=end, log_start_offset=start, records=b"")
         index = array.find_offset(offset)
         lengths, blob = array.read_range_blob(index, max_bytes=max(1, max_bytes))
+        if not at_least_one and len(lengths) and int(lengths[0]) > max_bytes:  # does not fit: none
+            return FetchResult(high_watermark=end, log_start_offset=start, records=b"")
         count = len(lengths)
         ends, kinds = array.offset_fields(index, count)
         first = array.first_offset(index)

@@ -4,14 +4,18 @@ completed by a produce at once."""
 
 from __future__ import annotations
 
+import datetime
+import importlib
 import threading
 import time
+from typing import Any
 
 import pytest
+from kio.index import load_request_schema
 
 from tests._broker import BrokerProcess
 
-from ._kafka import read_partition
+from ._kafka import RawClient, produce_request, read_partition, record_batch
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -117,3 +121,51 @@ def test_a_waiting_fetch_is_completed_by_a_produce_at_once(broker: BrokerProcess
         consumer.close()
         producer.close(5)
     assert [m.value() for m in read_partition(broker.bootstrap, "wake", 0, 4)][-1] == b"late-2"
+
+
+def _fetch(raw: RawClient, parts: list[tuple[str, int]], max_bytes: int) -> list[tuple[int, int]]:
+    """One Fetch v4 of ``parts`` from offset 0 (partition limit 1 MiB): (partition, bytes of
+    records) per partition answered, in order."""
+    schema = load_request_schema(1, 4)
+    module = importlib.import_module(schema.__module__)
+    by_topic: dict[str, list[Any]] = {}
+    for topic, p in parts:
+        by_topic.setdefault(topic, []).append(
+            module.FetchPartition(partition=p, fetch_offset=0, partition_max_bytes=1 << 20)
+        )
+    request = schema(
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=0),
+        min_bytes=0,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        topics=tuple(module.FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
+    )
+    response = raw.call(request)
+    return [(p.partition_index, len(p.records or b"")) for t in response.responses for p in t.partitions]
+
+
+def test_a_fetch_answer_stays_within_max_bytes_but_one_batch(broker: BrokerProcess) -> None:
+    """KIP-74: only the first batch of the first partition with data may pass the Fetch's
+    max_bytes; every later partition gets only whole batches that fit in what is left, so a
+    Fetch naming 3 partitions of ~300 KB batches with max_bytes 400 KB gets one batch, and
+    one naming a partition 50 times no more. Before, every later partition still got a
+    batch (librdkafka refuses such an answer as larger than its fetch.max.bytes)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("budget", num_partitions=3, replication_factor=1)], request_timeout=10)[
+        "budget"
+    ].result(10)
+    batch = record_batch([bytes([65 + i % 26]) * 1000 for i in range(300)])  # ~300 KB
+    with RawClient(broker.kafka_port) as raw:
+        for p in range(3):
+            (topic,) = raw.call(produce_request("budget", p, batch)).responses
+            assert topic.partition_responses[0].error_code == 0
+        got = _fetch(raw, [("budget", p) for p in range(3)], 400_000)
+        assert [p for p, _ in got] == [0, 1, 2]
+        assert got[0][1] == len(batch) and got[1][1] == 0 and got[2][1] == 0
+        got = _fetch(raw, [("budget", p) for p in range(3)], 2 * len(batch))  # room for two
+        assert [n for _, n in got] == [len(batch), len(batch), 0]
+        repeats = _fetch(raw, [("budget", 1)] * 50, 400_000)
+        assert sum(n for _, n in repeats) == len(batch)  # the first repeat only
