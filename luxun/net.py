@@ -208,10 +208,10 @@ class BigFrame:
         self.view: memoryview | None = None  # what the frame is read from once complete
         self.taken = 0
 
-    def unmap(self) -> None:
-        """Unmap the frame (its memory goes back to the system at once); its budget stays
-        taken until :meth:`release`. A view of it still referenced (an exception's
-        traceback) keeps the mapping until that goes."""
+    def release(self, budget: InputBudget) -> None:
+        """Unmap the frame (its memory goes back to the system at once) and give its
+        budget back. A view of it still referenced (an exception's traceback) keeps the
+        mapping until that goes."""
         view, mm = self.view, self.mm
         self.view = self.mm = None
         with contextlib.suppress(BufferError):
@@ -219,10 +219,6 @@ class BigFrame:
                 view.release()
             if mm is not None:
                 mm.close()
-
-    def release(self, budget: InputBudget) -> None:
-        """Unmap the frame and give its budget back."""
-        self.unmap()
         budget.give(self.taken)
         self.taken = 0
 
