@@ -11,12 +11,18 @@ Thread-safety: pure functions, callable from any number of threads.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 from idl import codec as _codec
 from idl.codec import CODEC_NAMES, GZIP, NO_COMPRESSION, SNAPPY, CodecError, snappy_available
+from idl.pack import PackError as IdlPackError
 
 from .errors import PackError
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 __all__ = [
     "CODEC_NAMES",
@@ -30,23 +36,26 @@ __all__ = [
 ]
 
 
-def compress(payload: bytes, codec: int) -> bytes:
-    """``payload`` compressed as a pack's payload is for ``codec`` (0 returns it as is)."""
-    try:
-        return _codec.compress(payload, codec)
-    except CodecError as exc:
-        raise client_error(exc) from exc.__cause__
+def client_errors(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` (a function of :mod:`idl.codec` or :mod:`idl.pack`) raising the clients'
+    :class:`PackError` where it raises ``idl``'s error (``CodecError``,
+    ``idl.pack.PackError``): same message, its cause and traceback kept."""
+
+    @functools.wraps(fn)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except (CodecError, IdlPackError) as exc:
+            raise client_error(exc) from exc.__cause__
+
+    return call
 
 
-def decompress(payload: bytes | memoryview, codec: int, max_bytes: int | None = None) -> bytes:
-    """The inverse of :func:`compress`; :class:`PackError` if ``payload`` is corrupt.
-
-    ``max_bytes`` bounds snappy's output, checked before decompressing (None: no bound).
-    """
-    try:
-        return _codec.decompress(payload, codec, max_bytes)
-    except CodecError as exc:
-        raise client_error(exc) from exc.__cause__
+#: ``payload`` compressed as a pack's payload is for ``codec`` (0 returns it as is).
+compress = client_errors(_codec.compress)
+#: The inverse of :func:`compress`; :class:`PackError` if ``payload`` is corrupt
+#: (``max_bytes`` bounds snappy's output, checked before decompressing; None: no bound).
+decompress = client_errors(_codec.decompress)
 
 
 def unknown_codec(codec: Any) -> PackError:

@@ -11,62 +11,25 @@ threads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from idl import pack as _pack
-from idl.codec import NO_COMPRESSION
 from idl.pack import MAGIC, pack_written_parts
 
-from .codec import client_error
+from .codec import client_errors
 
 __all__ = ["MAGIC", "decode_pack", "encode_pack", "encode_pack_written", "pack_codec", "pack_written_parts"]
 
-_IdlPackError = _pack.PackError
-
-
-def encode_pack(messages: Sequence[bytes], codec: int = NO_COMPRESSION) -> bytes:
-    """One queue item holding ``messages``, compressed with ``codec``.
-
-    Messages must be ``bytes`` (``bytearray`` and ``memoryview`` are copied to bytes;
-    anything else is a ``TypeError``). The crc32 field is always filled in.
-    Raises :class:`~clients.errors.PackError` for an unknown codec or snappy when it is
-    not installed.
-    """
-    try:
-        return _pack.encode_pack(messages, codec)
-    except _IdlPackError as exc:
-        raise client_error(exc) from exc.__cause__
-
-
-def encode_pack_written(count: int, written: bytes | bytearray, codec: int = NO_COMPRESSION) -> bytes:
-    """:func:`encode_pack` of ``count`` messages already written one after the other as
-    ``written``, each as its i32 big-endian length then its bytes (see
-    :func:`idl.pack.encode_pack_written`)."""
-    try:
-        return _pack.encode_pack_written(count, written, codec)
-    except _IdlPackError as exc:
-        raise client_error(exc) from exc.__cause__
-
-
-def decode_pack(item: bytes) -> list[bytes]:
-    """The messages of one queue item, in order (the inverse of :func:`encode_pack`).
-
-    Checks the magic (must be 1) and the crc32 (unless it is 0, "not set"), decompresses
-    per the codec (snappy: xerial framing or a raw block) and raises
-    :class:`~clients.errors.PackError` naming the problem for anything malformed.
-    """
-    try:
-        return _pack.decode_pack(item)
-    except _IdlPackError as exc:
-        raise client_error(exc) from exc.__cause__
-
-
-def pack_codec(item: bytes) -> int:
-    """The codec (``attribute``) of a pack, without decompressing or checking the crc32.
-
-    Raises :class:`~clients.errors.PackError` if ``item`` is not a pack of magic 1.
-    """
-    try:
-        return _pack.pack_codec(item)
-    except _IdlPackError as exc:
-        raise client_error(exc) from exc.__cause__
+#: One queue item holding ``messages`` (``bytes``; ``bytearray`` and ``memoryview`` are
+#: copied), compressed with ``codec``, the crc32 filled in; :class:`~clients.errors.PackError`
+#: for an unknown codec or snappy when it is not installed.
+encode_pack = client_errors(_pack.encode_pack)
+#: :func:`encode_pack` of ``count`` messages already written one after the other as
+#: ``written``, each as its i32 big-endian length then its bytes.
+encode_pack_written = client_errors(_pack.encode_pack_written)
+#: The messages of one queue item, in order (the inverse of :func:`encode_pack`): checks
+#: the magic (1) and the crc32 (unless 0, "not set"), decompresses per the codec (snappy:
+#: xerial framing or a raw block); :class:`~clients.errors.PackError` naming the problem
+#: for anything malformed.
+decode_pack = client_errors(_pack.decode_pack)
+#: The codec of a pack, without decompressing or checking the crc32;
+#: :class:`~clients.errors.PackError` if ``item`` is not a pack of magic 1.
+pack_codec = client_errors(_pack.pack_codec)
