@@ -4,6 +4,7 @@ a task returns its commit message only once every pack is acknowledged)."""
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -97,7 +98,8 @@ class Sender(Packer):
         self._cond = threading.Condition(threading.Lock())
         self._unsettled = 0  # packs handed over and not yet delivered or failed
         self._error: LuxunClientError | None = None
-        self._unreachable: list[str] = []
+        #: the last failure of each broker's round trips, for the error when none takes a pack
+        self._unreachable: collections.deque[str] = collections.deque(maxlen=len(opts.servers))
         self._senders = [self._sender(i, address) for i, address in enumerate(opts.servers)]
         for sender in self._senders:
             sender.start()
@@ -182,7 +184,7 @@ class Sender(Packer):
         if batch.attempts < len(self._senders):
             return False
         with self._cond:
-            reasons = "; ".join(self._unreachable[-len(self._senders) :])
+            reasons = "; ".join(self._unreachable)
         self._settle(BrokerUnavailableError(f"no luxun broker took a pack for topic {batch.topic!r}: {reasons}"))
         return True
 
