@@ -32,9 +32,9 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -57,6 +57,7 @@ _R = TypeVar(
     tuple[np.ndarray[Any, Any], bytes],
     tuple[np.ndarray[Any, Any], bytes | memoryview, Callable[[], None]],
 )
+_S = TypeVar("_S", bound=Sized)
 
 #: Seconds between automatic clean-ups, when enabled.
 DEFAULT_CLEANUP_INTERVAL_S = 1.0
@@ -412,6 +413,17 @@ class FanoutQueue:
             (np.zeros(0, dtype=np.int64), b"", no_release),
         )
         return start, lengths, data, release
+
+    def dequeue_read(self, group: str, read: Callable[[int], _S], empty: _S) -> tuple[int, _S]:
+        """Take the group's next items as ``read(index)`` returns them (anything with a
+        length: the items it took from ``index`` on, maybe fewer than it read) and move
+        the group past as many as that; ``(where the group stands, empty)`` when it has
+        read everything. ``read`` runs under the group's lock: other readers of the group
+        wait for it (a reader that changes what it read, e.g. converts it within a bound,
+        takes only what it returns). It may raise ``IndexOutOfRangeError`` (retention
+        moved the tail): it is called again from the new tail."""
+        start, got = self._take(group, cast(Any, read), cast(Any, empty))  # counted by len(), as _take does
+        return start, cast(_S, got)
 
     def _take(self, group: str, read: Callable[[int], _R], empty: _R) -> tuple[int, _R]:
         """Read from the group's position with ``read(index)`` (a list of items or

@@ -269,6 +269,7 @@ class Broker:
             port=config.kafka_port,
             groups=self.kafka_groups,
             metrics=self.metrics,
+            fetch_max_bytes=config.kafka_fetch_max_bytes,
         )
         server = KafkaServer(
             self.kafka_handler,

@@ -148,6 +148,9 @@ DEFAULT_DELETE_TOPIC_ENABLE = False
 DEFAULT_KAFKA_MESSAGE_MAX_BYTES = 1048588
 #: Largest Kafka request (Kafka's socket.request.max.bytes default, 100 MiB).
 DEFAULT_KAFKA_REQUEST_MAX_BYTES = 104857600
+#: Most record bytes in one Fetch answer, whatever the request asks (Kafka's broker
+#: fetch.max.bytes default, 55 MiB).
+DEFAULT_KAFKA_FETCH_MAX_BYTES = 57671680
 #: Kafka group joins wait this long for more members before the first rebalance
 #: (Kafka's default is 3000 ms; 0 here: no long initial delay).
 DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS = 0
@@ -261,6 +264,10 @@ class BrokerConfig:
     #: Largest Kafka request.
     kafka_request_max_bytes: int = field(
         default=DEFAULT_KAFKA_REQUEST_MAX_BYTES, metadata=_key("socket.request.max.bytes", 1024, INT32_MAX, ours=True)
+    )
+    #: Most record bytes in one Kafka Fetch answer (KIP-541's broker cap).
+    kafka_fetch_max_bytes: int = field(
+        default=DEFAULT_KAFKA_FETCH_MAX_BYTES, metadata=_key("fetch.max.bytes", 1024, INT32_MAX, ours=True)
     )
     #: How long the first join of a Kafka consumer group waits for more members.
     group_initial_rebalance_delay_ms: int = field(

@@ -29,27 +29,36 @@ the end of the batch (everything after the crc field)::
       varint valueLength (-1 = null), value, varint headerCount, then per header:
       varint keyLength, key (UTF-8), varint valueLength (-1 = null), value
 
-The broker keeps Python out of the per-record path: a produced batch is checked by
-:func:`split_batches` from its header and one CRC-32C, stored as sent (one big-array
-item), and served as stored with only ``baseOffset`` rewritten
-(:func:`patch_base_offsets`). Only the cross-protocol paths look at records:
-:func:`luxun_items_to_batch` (a Kafka consumer reading items a Thrift producer wrote)
-and :func:`batch_to_pack` (a Thrift consumer reading a Kafka batch).
+A produced batch is checked whole before anything of it is stored, as Kafka's broker
+checks it (``LogValidator``): :func:`split_batches` reads each header and one CRC-32C,
+:func:`validate` decompresses the records (bounded) and reads every record, field by
+field, in C (``luxun/_records.c``, a few ns per record; a pure-Python twin of the same
+rules, ~2 us per record, where the module is not built). The batch is then stored as
+sent (one big-array item) and served as stored with only ``baseOffset`` rewritten
+(:func:`patch_base_offsets`): the read path never parses records. Only the
+cross-protocol paths do: :func:`luxun_items_to_batch` (a Kafka consumer reading items a
+Thrift producer wrote) and :func:`batch_to_pack` (a Thrift consumer reading a Kafka
+batch; its values are gathered in C too).
 
 Errors are :class:`BatchError`, carrying the Kafka error code a Produce answer gives
 for the partition, as Kafka's broker answers it (``LogValidator``, ``ProduceRequest``):
 
 * ``CORRUPT_MESSAGE`` (2): crc mismatch, a length below the header size or past the
-  end of the data, an unknown magic, records that do not parse;
-* ``INVALID_RECORD`` (87): a magic 0/1 message set (Produce >= v3 carries v2 batches
-  only; Kafka answers INVALID_RECORD, not UNSUPPORTED_FOR_MESSAGE_FORMAT), a record
-  count that is not ``lastOffsetDelta + 1`` or not positive, a control batch or a
+  end of the data, an unknown magic, records that do not decompress;
+* ``INVALID_RECORD`` (87): a record that does not read (a varint or length running
+  past its record or the batch, a negative length, a null header key, fields that do
+  not fill the record, an offset delta other than its index; ``BatchError.record`` says
+  which, for the Produce answer's ``record_errors``), records that do not fill the
+  batch or are fewer than it says, a magic 0/1 message set (Produce >= v3 carries v2
+  batches only; Kafka answers INVALID_RECORD, not UNSUPPORTED_FOR_MESSAGE_FORMAT), a
+  record count that is not ``lastOffsetDelta + 1`` or not positive, a control batch or a
   negative sequence with a producer id sent by a client;
 * ``INVALID_TIMESTAMP`` (32): a client batch that claims LogAppendTime;
-* ``UNSUPPORTED_COMPRESSION_TYPE`` (76): codec bits 5-7.
-
-Decompression is bounded (``max_bytes``, 64 MiB by default): a batch whose records
-would inflate past it is refused with ``CORRUPT_MESSAGE``, without inflating further.
+* ``UNSUPPORTED_COMPRESSION_TYPE`` (76): codec bits 5-7;
+* ``MESSAGE_TOO_LARGE`` (10): luxun's bounds, which Kafka does not have: records that
+  inflate past ``max_bytes`` (64 MiB by default; decompression stops there) or more
+  than ``max_records`` (1,000,000) in one batch. A Thrift consumer gets each stored
+  batch as one pack, so these bound what one item costs to serve.
 
 Thread-safety: every function here is pure (``patch_base_offsets`` writes only the
 buffer it is given) and may be called from any number of threads.
@@ -68,7 +77,7 @@ import zstandard
 from crc32c import crc32c
 
 from idl.codec import TooLargeError, unsnappy
-from idl.pack import encode_pack
+from idl.pack import encode_pack, encode_pack_written
 
 __all__ = [
     "CODEC_GZIP",
@@ -135,9 +144,13 @@ _MIN_RECORD_SIZE: Final = 7
 
 #: Decompressed records larger than this are refused (bytes).
 DEFAULT_MAX_BYTES: Final = 64 << 20
+#: Batches of more records than this are refused at produce (librdkafka's largest
+#: batch.num.messages; a Thrift consumer gets a batch as one pack of its records).
+DEFAULT_MAX_RECORDS: Final = 1_000_000
 
 # Kafka's error codes (org.apache.kafka.common.protocol.Errors) that this module answers.
 CORRUPT_MESSAGE: Final = 2
+MESSAGE_TOO_LARGE: Final = 10
 INVALID_TIMESTAMP: Final = 32
 UNSUPPORTED_COMPRESSION_TYPE: Final = 76
 INVALID_RECORD: Final = 87
@@ -147,12 +160,14 @@ class BatchError(ValueError):
     """A record batch refused or unreadable; ``code`` is the Kafka error code to answer.
 
     ``str(error)`` is a one-line message naming what is wrong (and where, as a byte
-    offset in the data given).
+    offset in the data given); ``record`` is the index in its batch of the record at
+    fault (a Produce answer's ``record_errors``, KIP-467), None for the batch as a whole.
     """
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, record: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.record = record
 
 
 class Batch(NamedTuple):
@@ -279,7 +294,7 @@ def split_batches(records: bytes | bytearray | memoryview, *, from_client: bool 
             )
         if codec == CODEC_NONE and count > (length - HEADER_SIZE + LOG_OVERHEAD) // _MIN_RECORD_SIZE:
             raise BatchError(
-                CORRUPT_MESSAGE,
+                INVALID_RECORD,
                 f"record batch at byte {pos} claims {count} records in {length - HEADER_SIZE + LOG_OVERHEAD} bytes",
             )
         if from_client:
@@ -315,6 +330,46 @@ def split_batches(records: bytes | bytearray | memoryview, *, from_client: bool 
         )
         pos = end
     return batches
+
+
+def validate(batch: Batch, *, max_bytes: int = DEFAULT_MAX_BYTES, max_records: int = DEFAULT_MAX_RECORDS) -> Batch:
+    """``batch`` (from :func:`split_batches`) checked record by record, as Kafka's broker
+    checks a produced batch before storing it (``LogValidator``).
+
+    Its records are decompressed (at most ``max_bytes``) and read field by field, every
+    length inside its record and the batch: the records fill the batch exactly,
+    ``recordCount`` of them, offset deltas 0, 1, ... Returns the batch to store: ``batch``
+    itself, or a copy whose maxTimestamp is the largest record timestamp where the
+    producer's header said otherwise (Kafka's broker corrects it the same way; the time
+    index and consumers trust it). Raises :class:`BatchError`: ``INVALID_RECORD`` with
+    the record at fault, ``CORRUPT_MESSAGE`` for records that do not decompress,
+    ``MESSAGE_TOO_LARGE`` for more than ``max_records`` records or records inflating past
+    ``max_bytes`` (luxun's bounds; Kafka has none, and a Thrift consumer of the topic gets
+    each batch as one pack).
+    """
+    count = batch.record_count
+    if count > max_records:
+        raise BatchError(
+            MESSAGE_TOO_LARGE, f"record batch of {count} records: at most {max_records} records per batch are accepted"
+        )
+    _, body = _open_batch(batch, max_bytes, control_body=True)
+    checked = _check(body, count)
+    if isinstance(checked, tuple):
+        raise _record_error(checked, count)
+    top = batch.base_timestamp + checked
+    if batch.max_timestamp == top or batch.log_append_time:
+        return batch
+    data = bytearray(batch.data)
+    _I64.pack_into(data, _MAX_TIMESTAMP_OFFSET, top)
+    crc = crc32c(memoryview(data)[_ATTRIBUTES_OFFSET:])
+    _U32.pack_into(data, _CRC_OFFSET, crc)
+    return batch._replace(data=memoryview(data), max_timestamp=top, crc=crc)
+
+
+def _record_error(fault: tuple[int, int | None, str], count: int) -> BatchError:
+    """The BatchError of a (code, record, message) from :func:`luxun._records.check`."""
+    code, record, message = fault
+    return BatchError(code, message, record if record is not None and record < count else None)
 
 
 def with_log_append_time(batch: bytes | bytearray | memoryview, now_ms: int) -> bytes:
@@ -454,7 +509,7 @@ def batch_records(batch: bytes | bytearray | memoryview, *, max_bytes: int = DEF
     base_ts = head.base_timestamp
     append_time = head.max_timestamp if head.log_append_time else None
     records: list[Record] = []
-    for ts_delta, offset_delta, key, value, headers in _read_records(body, head.record_count):
+    for ts_delta, offset_delta, key, value, headers in _read_records(body, head.record_count, offsets=True):
         ts = append_time if append_time is not None else base_ts + ts_delta
         records.append(Record(base_offset + offset_delta, ts, key, value, headers))
     return records
@@ -470,7 +525,12 @@ def batch_to_pack(batch: bytes | bytearray | memoryview, *, max_bytes: int = DEF
     raw), lz4 and zstd, at most ``max_bytes``; raises :class:`BatchError` otherwise.
     """
     head, body = _open(batch, max_bytes, control_body=False)
-    return encode_pack([] if head.control else _read_values(body, head.record_count))
+    if head.control:
+        return encode_pack([])
+    written = _values(body, head.record_count)
+    if isinstance(written, tuple):
+        raise _record_error(written, head.record_count)
+    return encode_pack_written(head.record_count, written)
 
 
 def _open(
@@ -480,7 +540,11 @@ def _open(
     found = split_batches(batch, from_client=False)
     if len(found) != 1:
         raise BatchError(CORRUPT_MESSAGE, f"expected one record batch, found {len(found)}")
-    head = found[0]
+    return _open_batch(found[0], max_bytes, control_body=control_body)
+
+
+def _open_batch(head: Batch, max_bytes: int, *, control_body: bool = True) -> tuple[Batch, memoryview]:
+    """``head`` and its records, decompressed (at most ``max_bytes``)."""
     raw = head.data[HEADER_SIZE:]
     if head.control and not control_body:
         return head, raw
@@ -494,14 +558,13 @@ def _open(
     except Exception as exc:  # each codec library raises its own error types
         raise BatchError(
             CORRUPT_MESSAGE,
-            f"{CODEC_NAMES[codec]} records of the batch at offset {head.base_offset} do not decompress: "
-            f"{type(exc).__name__}: {exc}",
+            f"{CODEC_NAMES[codec]} records of the batch do not decompress: {type(exc).__name__}: {exc}",
         ) from exc
     return head, memoryview(body)
 
 
 def _too_big(codec: str, max_bytes: int) -> BatchError:
-    return BatchError(CORRUPT_MESSAGE, f"{codec} records inflate past the {max_bytes}-byte limit")
+    return BatchError(MESSAGE_TOO_LARGE, f"{codec} records inflate past the {max_bytes}-byte limit")
 
 
 def _gunzip(data: memoryview, max_bytes: int) -> bytes:
@@ -544,18 +607,58 @@ def _unlz4(data: memoryview, max_bytes: int) -> bytes:
     return bytes(out)
 
 
+_ZSTD_MAGIC: Final = 0xFD2FB528
+
+
 def _unzstd(data: memoryview, max_bytes: int) -> bytes:
+    """zstd records: frames one after the other (skippable frames skipped), each fed to
+    the decompressor one block at a time (a block makes at most 128 KiB), so inflating
+    stops within a block of ``max_bytes``, and a frame whose blocks are cut short is told
+    as truncated (zstandard's readers end such input without a word)."""
+    buf = bytes(data)
+    size = len(buf)
     out: list[bytes] = []
     total = 0
-    with zstandard.ZstdDecompressor().stream_reader(bytes(data), read_across_frames=True) as reader:
+    pos = 0
+    while pos < size:
+        if size - pos < 8:
+            raise BatchError(CORRUPT_MESSAGE, "zstd records are truncated")
+        magic = int.from_bytes(buf[pos : pos + 4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame: size, then that many bytes
+            pos += 8 + int.from_bytes(buf[pos + 4 : pos + 8], "little")
+            continue
+        if magic != _ZSTD_MAGIC:
+            raise BatchError(CORRUPT_MESSAGE, f"zstd records hold a frame of unknown magic {magic:#x}")
+        params = zstandard.get_frame_parameters(buf[pos : pos + 18])
+        decompressor = zstandard.ZstdDecompressor().decompressobj()
+        fed = pos
+        p = pos + zstandard.frame_header_size(buf[pos : pos + 18])
         while True:
-            chunk = reader.read(min(1 << 20, max_bytes - total + 1))
-            if not chunk:
-                break
+            if p + 3 > size:
+                raise BatchError(CORRUPT_MESSAGE, "zstd records are truncated")
+            block = int.from_bytes(buf[p : p + 3], "little")
+            kind = (block >> 1) & 3
+            if kind == 3:
+                raise BatchError(CORRUPT_MESSAGE, "zstd records hold a block of reserved type 3")
+            p += 3 + (1 if kind == 1 else block >> 3)  # an RLE block stores its one byte
+            last = block & 1
+            if last and params.has_checksum:
+                p += 4
+            if p > size:
+                raise BatchError(CORRUPT_MESSAGE, "zstd records are truncated")
+            chunk = decompressor.decompress(buf[fed:p])
+            fed = p
             total += len(chunk)
             if total > max_bytes:
                 raise _too_big("zstd", max_bytes)
             out.append(chunk)
+            if last:
+                break
+        if not decompressor.eof:
+            raise BatchError(CORRUPT_MESSAGE, "zstd records are truncated")
+        pos = p
+    if pos != size:
+        raise BatchError(CORRUPT_MESSAGE, "zstd records are truncated")
     return b"".join(out)
 
 
@@ -569,45 +672,48 @@ class _Corrupt(Exception):
     """Raised inside the record reader; _read_records turns it into a BatchError."""
 
 
-def _varint(buf: bytes, pos: int, limit: int) -> tuple[int, int]:
-    """The zigzag varint at ``buf[pos:]`` (not reading at or past ``limit``) and the position after it."""
+def _varint(buf: bytes, pos: int, limit: int, what: str, size: int = 5) -> tuple[int, int]:
+    """The zigzag varint at ``buf[pos:]`` (not reading at or past ``limit``) and the
+    position after it: at most ``size`` bytes (5: Kafka's int fields, 10: its longs)."""
     n = shift = 0
-    while True:
+    for _ in range(size):
         if pos >= limit:
-            raise _Corrupt("a varint runs past its record")
+            raise _Corrupt(f"the {what} runs past its record")
         b = buf[pos]
         pos += 1
         n |= (b & 0x7F) << shift
         if b < 0x80:
+            if size == 5:
+                if n > 0xFFFFFFFF:
+                    break
+                return ((n >> 1) ^ -(n & 1)), pos
             return (n >> 1) ^ -(n & 1), pos
         shift += 7
-        if shift > 63:
-            raise _Corrupt("a varint is longer than 10 bytes")
+    raise _Corrupt(f"the {what} is a varint longer than {size} bytes")
 
 
-def _blob(buf: bytes, pos: int, limit: int) -> tuple[bytes | None, int]:
-    """A length-prefixed (-1 = null) byte string at ``buf[pos:]`` and the position after it."""
-    b = buf[pos] if pos < limit else 0x80
-    if b < 0x80:
-        n = (b >> 1) ^ -(b & 1)
-        pos += 1
-    else:
-        n, pos = _varint(buf, pos, limit)
+def _blob(buf: bytes, pos: int, limit: int, what: str, null: bool = True) -> tuple[bytes | None, int]:
+    """A length-prefixed (-1 = null where ``null``) byte string at ``buf[pos:]`` and the
+    position after it."""
+    n, pos = _varint(buf, pos, limit, f"{what} length")
     if n < 0:
-        if n != -1:
-            raise _Corrupt(f"length {n}")
+        if n != -1 or not null:
+            raise _Corrupt(f"{what} length {n}")
         return None, pos
     end = pos + n
     if end > limit:
-        raise _Corrupt(f"length {n} runs past its record")
+        raise _Corrupt(f"{what} length {n} runs past its record")
     return buf[pos:end], end
 
 
-def _read_records(body: bytes | memoryview, count: int) -> list[_RawRecord]:
-    """``count`` records from ``body`` (which they must fill exactly), bounds-checked.
+def _read_records(body: bytes | memoryview, count: int, *, offsets: bool = False) -> list[_RawRecord]:
+    """``count`` records from ``body`` (which they must fill exactly), bounds-checked as
+    Kafka's broker reads them (``DefaultRecord.readFrom``), field by field in the order
+    of :mod:`luxun._records`, which does the same in C. With ``offsets`` the offset
+    deltas must be 0, 1, ... (what a produced batch must hold).
 
     Each entry: (timestamp delta, offset delta, key, value, headers). Raises
-    :class:`BatchError`.
+    :class:`BatchError` (``INVALID_RECORD``, the index of the record at fault).
     """
     buf = bytes(body)
     size = len(buf)
@@ -615,104 +721,66 @@ def _read_records(body: bytes | memoryview, count: int) -> list[_RawRecord]:
     append = out.append
     pos = 0
     try:
-        for _ in range(count):
-            length, pos = _varint(buf, pos, size)
+        for i in range(count):
+            if pos >= size:
+                raise _Corrupt(f"the batch says {count} records, its bytes end after {i}")
+            length, pos = _varint(buf, pos, size, "record length")
             end = pos + length
             if length < _MIN_RECORD_SIZE - 1 or end > size:
                 raise _Corrupt(f"record length {length} with {size - pos} bytes left")
             # attributes (1 byte, unused), then the timestamp and offset deltas
-            ts_delta, pos = _varint(buf, pos + 1, end)
-            offset_delta, pos = _varint(buf, pos, end)
-            key, pos = _blob(buf, pos, end)
-            value, pos = _blob(buf, pos, end)
+            ts_delta, pos = _varint(buf, pos + 1, end, "timestamp delta", 10)
+            offset_delta, pos = _varint(buf, pos, end, "offset delta")
+            if offsets and offset_delta != i:
+                raise _Corrupt(f"offset delta {offset_delta}, expected {i}")
+            key, pos = _blob(buf, pos, end, "key")
+            value, pos = _blob(buf, pos, end, "value")
             headers: list[tuple[str, bytes | None]] = []
-            n_headers, pos = _varint(buf, pos, end)
+            n_headers, pos = _varint(buf, pos, end, "header count")
             if n_headers < 0 or n_headers > end - pos:
                 raise _Corrupt(f"header count {n_headers}")
             for _ in range(n_headers):
-                hkey, pos = _blob(buf, pos, end)
-                if hkey is None:
-                    raise _Corrupt("a header key is null")
-                hvalue, pos = _blob(buf, pos, end)
-                headers.append((hkey.decode("utf-8", "replace"), hvalue))
+                hkey, pos = _blob(buf, pos, end, "header key", null=False)
+                hvalue, pos = _blob(buf, pos, end, "header value")
+                headers.append(((hkey or b"").decode("utf-8", "replace"), hvalue))
             if pos != end:
-                raise _Corrupt(f"record fields end at byte {pos}, its length says {end}")
+                raise _Corrupt(f"the record's fields end {end - pos} bytes before its length says")
             append((ts_delta, offset_delta, key, value, tuple(headers)))
     except _Corrupt as exc:
-        raise BatchError(CORRUPT_MESSAGE, f"record {len(out)} of {count} is corrupt: {exc} (near byte {pos})") from None
+        n = len(out)
+        raise BatchError(INVALID_RECORD, f"record {n}: {exc} (byte {pos} of the records)", n) from None
     if pos != size:
-        raise BatchError(CORRUPT_MESSAGE, f"{size - pos} bytes follow the batch's {count} records")
+        raise BatchError(
+            INVALID_RECORD,
+            f"record {count}: {size - pos} bytes follow the batch's {count} records (byte {pos} of the records)",
+        )
     return out
 
 
-def _read_values(body: bytes | memoryview, count: int) -> list[bytes]:
-    """The values of ``count`` records in ``body`` (a null value as ``b""``): the
-    :func:`batch_to_pack` path of :func:`_read_records`, about twice as fast (keys and
-    headers are skipped unread; each record must still end where its length says or
-    before, and the records must fill ``body`` exactly). Raises :class:`BatchError`."""
-    buf = bytes(body)
-    size = len(buf)
-    out: list[bytes] = []
-    append = out.append
-    pos = 0
-    varint = _varint
+def _check_py(body: bytes | memoryview, count: int) -> int | tuple[int, int | None, str]:
+    """:func:`luxun._records.check` in Python (where the C module is not built)."""
     try:
-        for _ in range(count):
-            b = buf[pos]
-            if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
-                pos += 1
-            elif buf[pos + 1] < 0x80:  # two bytes: records of 64 B to 8 KiB
-                length = (b & 0x7F) | (buf[pos + 1] << 7)
-                length = (length >> 1) ^ -(length & 1)
-                pos += 2
-            else:
-                length, pos = varint(buf, pos, size)
-            end = pos + length
-            if length < _MIN_RECORD_SIZE - 1 or end > size:
-                raise _Corrupt(f"record length {length} with {size - pos} bytes left")
-            p = pos + 1  # attributes
-            while buf[p] & 0x80:  # timestamp delta
-                p += 1
-            p += 1
-            while buf[p] & 0x80:  # offset delta
-                p += 1
-            p += 1
-            b = buf[p]  # key length
-            if b < 0x80:
-                n = (b >> 1) ^ -(b & 1)
-                p += 1
-            else:
-                n, p = varint(buf, p, end)
-            if n > 0:
-                p += n
-            elif n < -1:
-                raise _Corrupt(f"key length {n}")
-            if p >= end:
-                raise _Corrupt("the key runs past its record")
-            b = buf[p]  # value length
-            if b < 0x80:
-                n = (b >> 1) ^ -(b & 1)
-                p += 1
-            elif buf[p + 1] < 0x80:
-                n = (b & 0x7F) | (buf[p + 1] << 7)
-                n = (n >> 1) ^ -(n & 1)
-                p += 2
-            else:
-                n, p = varint(buf, p, end)
-            if n >= 0:
-                if p + n >= end:  # (the header count follows)
-                    raise _Corrupt(f"value length {n} runs past its record")
-                append(buf[p : p + n])
-            elif n == -1:
-                append(b"")
-            else:
-                raise _Corrupt(f"value length {n}")
-            pos = end
-    except _Corrupt as exc:
-        raise BatchError(CORRUPT_MESSAGE, f"record {len(out)} of {count} is corrupt: {exc} (near byte {pos})") from None
-    except IndexError:
-        raise BatchError(CORRUPT_MESSAGE, f"record {len(out)} of {count} runs past the batch's records") from None
-    if pos != size:
-        raise BatchError(CORRUPT_MESSAGE, f"{size - pos} bytes follow the batch's {count} records")
-    return out
+        return max(r[0] for r in _read_records(body, count, offsets=True))
+    except BatchError as exc:
+        return exc.code, exc.record, str(exc)
+
+
+def _values_py(body: bytes | memoryview, count: int) -> bytes | tuple[int, int | None, str]:
+    """:func:`luxun._records.values` in Python (where the C module is not built)."""
+    try:
+        values = [r[3] or b"" for r in _read_records(body, count, offsets=True)]
+    except BatchError as exc:
+        return exc.code, exc.record, str(exc)
+    return b"".join(b for v in values for b in (_I32.pack(len(v)), v))
+
+
+_check: Any = _check_py
+_values: Any = _values_py
+#: Whether the records are checked and read by the compiled luxun._records.
+COMPILED = False
+try:
+    from . import _records as _compiled
+except ImportError:  # not built (no C compiler where luxun was installed): the Python twins
+    pass
+else:
+    _check, _values, COMPILED = _compiled.check, _compiled.values, True

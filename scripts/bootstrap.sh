@@ -8,7 +8,7 @@ python="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
-stamp=".venv/.installed-$(cat setup.cfg pyproject.toml | sha1sum | cut -c1-12)-${extras//,/_}"
+stamp=".venv/.installed-$(cat setup.cfg pyproject.toml setup.py luxun/_records.c | sha1sum | cut -c1-12)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     if [ -n "$extras" ]; then

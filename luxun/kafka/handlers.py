@@ -92,8 +92,11 @@ class KafkaHandler:
         port: int,
         groups: Any = None,
         metrics: Metrics | None = None,
+        fetch_max_bytes: int = 57671680,
     ) -> None:
         self.log = kafka_log
+        #: Most record bytes in one Fetch answer, whatever the request asks (fetch.max.bytes).
+        self.fetch_max_bytes = fetch_max_bytes
         self.node_id = node_id
         self.host = host
         self.port = port
@@ -276,6 +279,7 @@ class KafkaHandler:
                         result.log_append_time,
                         result.log_start_offset,
                         result.message,
+                        result.record_errors,
                     )
                 )
             responses.append((t.name, parts))
@@ -285,8 +289,16 @@ class KafkaHandler:
 
     # -- Fetch -------------------------------------------------------------------------
     def fetch(self, request: Any, header: P.RequestHeader) -> Any:
-        wanted = [(t.topic, p) for t in request.topics for p in t.partitions]
-        max_bytes = request.max_bytes if header.api_version >= 3 else 1 << 30
+        # A partition named twice is answered once, as the last naming asks (Kafka keeps
+        # a Fetch's partitions in a map); the answer keeps the order of first naming.
+        named: dict[tuple[str, int], Any] = {}
+        for t in request.topics:
+            for p in t.partitions:
+                named[(t.topic, p.partition)] = p
+        wanted = [(topic, p) for (topic, _), p in named.items()]
+        # fetch.max.bytes caps every answer (KIP-541), v0-v2 (no max_bytes) included.
+        asked = request.max_bytes if header.api_version >= 3 else self.fetch_max_bytes
+        max_bytes = max(0, min(asked, self.fetch_max_bytes))
         min_bytes = request.min_bytes
         wait_s = min(request.max_wait.total_seconds(), MAX_FETCH_WAIT_S)
         results = self._fetch_once(wanted, max_bytes)

@@ -114,6 +114,8 @@ class ProduceResult:
     log_append_time: int = -1
     log_start_offset: int = -1
     message: str | None = None
+    #: (index of the record in its batch, message) of records refused (KIP-467).
+    record_errors: tuple[tuple[int, str | None], ...] = ()
 
 
 @dataclass
@@ -326,6 +328,11 @@ class KafkaLog:
                     message=f"record batch of {len(b.data)} bytes is larger than "
                     f"message.max.bytes={self.max_message_bytes}",
                 )
+        try:  # every record read before anything is stored (a few ns per record)
+            batches = [rec.validate(b) for b in batches]
+        except rec.BatchError as exc:
+            errors = () if exc.record is None else ((exc.record, str(exc)),)
+            return ProduceResult(error=exc.code, message=str(exc), record_errors=errors)
         info = self.describe(topic)
         for _attempt in range(3):
             part = self._partition(topic, partition)

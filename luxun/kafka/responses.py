@@ -46,6 +46,8 @@ class ProducePartition(NamedTuple):
     log_append_time: int  # -1: none (CreateTime)
     log_start_offset: int
     error_message: str | None
+    #: (batch_index, batch_index_error_message) of records at fault (v8+, KIP-467).
+    record_errors: tuple[tuple[int, str | None], ...] = ()
 
 
 class FetchPartition(NamedTuple):
@@ -91,7 +93,12 @@ def produce_response(version: int, topics: Sequence[tuple[str, Sequence[ProduceP
             else:
                 add(_PRODUCE_V3.pack(p.partition, p.error_code, p.base_offset, p.log_append_time))
             if version >= 8:
-                add(_array_len(0, flexible))  # record_errors
+                add(_array_len(len(p.record_errors), flexible))
+                for index, message in p.record_errors:
+                    add(_I32.pack(index))
+                    add(_string(message, flexible))
+                    if flexible:
+                        add(_NO_TAGS)
                 add(_string(p.error_message, flexible))
             if flexible:
                 add(_NO_TAGS)

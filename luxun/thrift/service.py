@@ -475,36 +475,22 @@ class QueueHandler:
                     items = [] if item is None else [item]
                 elif max_bytes is None:
                     first, items = queue.dequeue_indexed(group, max_items=1)
-                elif views:
-                    first, lengths, data, release = queue.dequeue_view(group, max_bytes=max_bytes)
-                    items = ItemBlob(lengths, data, release)
-                else:
-                    first, lengths, data = queue.dequeue_blob(group, max_bytes=max_bytes)
-                    items = ItemBlob(lengths, data)
+                else:  # the group moves past only what _read_packs returns
+                    first, items = queue.dequeue_read(
+                        group, lambda index: self._read_packs(name, queue, index, max_bytes, views), []
+                    )
             elif start == queue.head:
                 items = []
             else:
                 if max_bytes is None:
                     items = [queue.get(start)]
-                elif views:
-                    items = ItemBlob(*queue.read_range_view(start, max_bytes=max_bytes))
                 else:
-                    items = ItemBlob(*queue.read_range_blob(start, max_bytes=max_bytes))
+                    items = self._read_packs(name, queue, start, max_bytes, views)
                 last_index = start + len(items) - 1
             if not len(items):
                 return reply(AllMessageConsumed(name, fanout_id=group, index=None if group else start).to_result())
-            # Kafka record batches become Luxun packs (the single-item group dequeue does not say where it read)
-            read = items
-            try:
-                items = self._batches_as_packs(
-                    name, queue, None if group and max_bytes is None and not with_times else first, items, group
-                )
-            except BaseException:
-                if isinstance(read, ItemBlob):
-                    read.release()
-                raise
-            if items is not read and isinstance(read, ItemBlob):  # the packs are copies: let the view go
-                read.release()
+            if max_bytes is None:  # one item, maybe a Kafka batch: a pack (the group's dequeue does not say where)
+                items = self._batches_as_packs(name, queue, None if group and not with_times else first, items, group)
             stats = topic.stats
             stats.items_out += len(items)
             stats.bytes_out += items.nbytes if isinstance(items, ItemBlob) else sum(map(len, items))
@@ -528,12 +514,34 @@ class QueueHandler:
                 return self._consume_once(request, retry=False)
             return reply(self._not_exist(name))
 
+    def _read_packs(self, name: str, queue: Any, start: int, max_bytes: int, views: bool) -> list[bytes] | ItemBlob:
+        """Items from ``start`` on, about ``max_bytes``, as a Thrift consumer gets them:
+        Kafka batches made packs, one by one, until the packs pass ``max_bytes`` (a pack
+        can be many times its stored batch); the item that passes it is left for the next
+        read, unless it is the first. So a reply holds at most ``max_bytes`` or one item."""
+        read = ItemBlob(*(queue.read_range_view if views else queue.read_range_blob)(start, max_bytes=max_bytes))
+        try:
+            items = self._batches_as_packs(name, queue, start, read, None, max_bytes)
+        except BaseException:
+            read.release()
+            raise
+        if items is not read:  # the packs are copies: let the view go
+            read.release()
+        return items
+
     def _batches_as_packs(
-        self, name: str, queue: Any, first: int | None, items: list[bytes] | ItemBlob, group: str | None
+        self,
+        name: str,
+        queue: Any,
+        first: int | None,
+        items: list[bytes] | ItemBlob,
+        group: str | None,
+        max_bytes: int | None = None,
     ) -> list[bytes] | ItemBlob:
         """What a Thrift consumer gets of Kafka record batches (items of kind
         ``KIND_KAFKA_BATCH``): each becomes one Luxun message pack of its records' values
-        (:func:`luxun.records.batch_to_pack`); every other item passes untouched.
+        (:func:`luxun.records.batch_to_pack`); every other item passes untouched. With
+        ``max_bytes``, the items that follow the first whose packs pass it are left out.
 
         ``items`` start at index ``first`` (None: one item taken by a group's dequeue).
         Only an item whose byte 16 is 2 (a batch's magic; a Luxun pack has 0 there) can
@@ -552,8 +560,13 @@ class QueueHandler:
             if not kinds.any():
                 return items
             out = items.to_list()
-            for k in np.flatnonzero(kinds == KIND_KAFKA_BATCH).tolist():
-                out[k] = self._batch_as_pack(name, first + k, out[k])
+            total = 0
+            for k, kind in enumerate(kinds.tolist()):
+                if kind == KIND_KAFKA_BATCH:
+                    out[k] = self._batch_as_pack(name, first + k, out[k])
+                total += len(out[k])
+                if max_bytes is not None and total > max_bytes and k:
+                    return out[:k]
             return out
         item = items[0]  # the list paths read one item
         if not _may_be_batch(item):

@@ -199,6 +199,7 @@ def test_known_keys_are_designs_list_plus_ours() -> None:
         "delete.topic.enable",
         "message.max.bytes",
         "socket.request.max.bytes",
+        "fetch.max.bytes",
         "group.initial.rebalance.delay.ms",
     }
     assert {"host", "metrics.host", "metrics.port", "busy.poll.us", *topic_keys, *kafka_keys} == OUR_KEYS

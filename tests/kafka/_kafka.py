@@ -145,6 +145,27 @@ def produce_request(topic: str, partition: int, records: bytes, *, version: int 
     )
 
 
+def fetch_request(
+    parts: list[tuple[str, int]], max_bytes: int, *, partition_max_bytes: int = 1 << 20, version: int = 4
+) -> Any:
+    """A Fetch of ``parts`` (topic, partition) from offset 0 that does not wait."""
+    schema = load_request_schema(1, version)
+    module = importlib.import_module(schema.__module__)
+    by_topic: dict[str, list[Any]] = {}
+    for topic, p in parts:
+        by_topic.setdefault(topic, []).append(
+            module.FetchPartition(partition=p, fetch_offset=0, partition_max_bytes=partition_max_bytes)
+        )
+    return schema(
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=0),
+        min_bytes=0,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        topics=tuple(module.FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
+    )
+
+
 def metadata_request(*topics: str, version: int = 4) -> Any:
     """Metadata of ``topics`` (created if unknown, as a producer's first Metadata does)."""
     schema = load_request_schema(3, version)

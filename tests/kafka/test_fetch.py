@@ -4,18 +4,15 @@ completed by a produce at once."""
 
 from __future__ import annotations
 
-import datetime
-import importlib
 import threading
 import time
-from typing import Any
+from pathlib import Path
 
 import pytest
-from kio.index import load_request_schema
 
 from tests._broker import BrokerProcess
 
-from ._kafka import RawClient, produce_request, read_partition, record_batch
+from ._kafka import RawClient, fetch_request, produce_request, read_partition, record_batch
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -126,21 +123,7 @@ def test_a_waiting_fetch_is_completed_by_a_produce_at_once(broker: BrokerProcess
 def _fetch(raw: RawClient, parts: list[tuple[str, int]], max_bytes: int) -> list[tuple[int, int]]:
     """One Fetch v4 of ``parts`` from offset 0 (partition limit 1 MiB): (partition, bytes of
     records) per partition answered, in order."""
-    schema = load_request_schema(1, 4)
-    module = importlib.import_module(schema.__module__)
-    by_topic: dict[str, list[Any]] = {}
-    for topic, p in parts:
-        by_topic.setdefault(topic, []).append(
-            module.FetchPartition(partition=p, fetch_offset=0, partition_max_bytes=1 << 20)
-        )
-    request = schema(
-        replica_id=-1,
-        max_wait=datetime.timedelta(milliseconds=0),
-        min_bytes=0,
-        max_bytes=max_bytes,
-        isolation_level=0,
-        topics=tuple(module.FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
-    )
+    request = fetch_request(parts, max_bytes)
     response = raw.call(request)
     return [(p.partition_index, len(p.records or b"")) for t in response.responses for p in t.partitions]
 
@@ -168,4 +151,24 @@ def test_a_fetch_answer_stays_within_max_bytes_but_one_batch(broker: BrokerProce
         got = _fetch(raw, [("budget", p) for p in range(3)], 2 * len(batch))  # room for two
         assert [n for _, n in got] == [len(batch), len(batch), 0]
         repeats = _fetch(raw, [("budget", 1)] * 50, 400_000)
-        assert sum(n for _, n in repeats) == len(batch)  # the first repeat only
+        assert repeats == [(1, len(batch))]  # answered once, as Kafka's broker does
+
+
+def test_fetch_max_bytes_caps_every_answer(tmp_path: Path) -> None:
+    """The broker's fetch.max.bytes caps a Fetch that asks for more (a max_bytes of
+    2^31-1 once got a 416 MB answer); KIP-74's one batch over it is still served."""
+    props = tmp_path / "server.properties"
+    props.write_text("fetch.max.bytes=500000\n")
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", "--config", str(props), kafka=True).start()
+    try:
+        batch = record_batch([bytes([65 + i % 26]) * 1000 for i in range(300)])  # ~300 KB
+        with RawClient(broker.kafka_port) as raw:
+            for _ in range(4):
+                (topic,) = raw.call(produce_request("capped", 0, batch)).responses
+                assert topic.partition_responses[0].error_code == 0
+            assert _fetch(raw, [("capped", 0)], 2**31 - 1) == [(0, len(batch))]  # 2 would pass 500 KB
+        # A client asking for much more still reads everything, 300 KB at a time.
+        got = read_partition(broker.bootstrap, "capped", 0, 1200)
+        assert [m.offset() for m in got] == list(range(1200))
+    finally:
+        broker.stop()

@@ -248,3 +248,42 @@ def test_thrift_and_kafka_producers_on_one_topic(kafka_broker: BrokerProcess) ->
         assert drain(client, "shared", "g", len(want), maxFetchSize=1 << 20) == want
     finally:
         client.close()
+
+
+def test_packs_of_kafka_batches_stay_within_max_fetch_size(kafka_broker: BrokerProcess) -> None:
+    """Each of 5 zstd batches is ~20 KB stored and a ~0.9 MB pack: a Thrift consume of 1 MiB
+    gets one pack, by index and by group (the group moves past only what it got); before,
+    one consume made and sent all five (4.5 MB for a 1 MiB fetch; 9 M-record batches took
+    GBs)."""
+    from ._kafka import RawClient, metadata_request, produce_partition_response, produce_request
+
+    values = [b"%06d" % i + b"x" * 94 for i in range(8_000)]
+    data = kafka_batch(values, 4)
+    assert len(data) < 100_000  # five fit in one 1 MiB read as stored
+    with RawClient(kafka_broker.kafka_port) as raw:
+        raw.call(metadata_request("inflating"))
+        for _ in range(5):
+            part = produce_partition_response(raw.call(produce_request("inflating", 0, data)))
+            assert part.error_code == 0, part
+    client = kafka_broker.client()
+    try:
+        for index in range(5):
+            response = client.consume(T.ConsumeRequest(topic="inflating", startIndex=index, maxFetchSize=1 << 20))
+            assert response.result.resultCode == R.SUCCESS
+            assert (len(response.itemList), response.lastConsumedIndex) == (1, index)
+            assert decode_pack(response.itemList[0]) == values
+        for _ in range(5):
+            response = client.consume(T.ConsumeRequest(topic="inflating", fanoutId="g", maxFetchSize=1 << 20))
+            assert len(response.itemList) == 1
+            assert decode_pack(response.itemList[0]) == values
+        response = client.consume(T.ConsumeRequest(topic="inflating", fanoutId="g", maxFetchSize=1 << 20))
+        assert response.result.errorCode == T.ErrorCode.ALL_MESSAGE_CONSUMED
+        # Small batches still come many to a consume.
+        small = kafka_batch([b"a", b"b"], 4)
+        with RawClient(kafka_broker.kafka_port) as raw:
+            for _ in range(3):
+                produce_partition_response(raw.call(produce_request("inflating", 0, small)))
+        response = client.consume(T.ConsumeRequest(topic="inflating", fanoutId="g", maxFetchSize=1 << 20))
+        assert [decode_pack(item) for item in response.itemList] == [[b"a", b"b"]] * 3
+    finally:
+        client.close()
