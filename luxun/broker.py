@@ -2,6 +2,7 @@
 
 Lifecycle: ``Broker(config)`` checks that its ports are free and that the data
 directory is not a file (:class:`StartupError`, before anything is created on disk),
+reads the Kafka port's users file when SASL is on (a ConfigError naming a bad line),
 opens the data directory (refused if another broker holds it) and binds the ports;
 ``start()`` serves; ``stop()`` stops accepting,
 lets in-flight calls finish, wakes waiting consumers, flushes and closes every topic.
@@ -27,6 +28,7 @@ from .config import BrokerConfig, check_password
 from .kafka.groups import GroupCoordinator
 from .kafka.handlers import KafkaHandler
 from .kafka.log import KafkaLog
+from .kafka.sasl import Authenticator, UserStore
 from .kafka.server import KafkaServer
 from .metrics import Metrics, MetricsServer
 from .net import TcpServer
@@ -172,6 +174,9 @@ class Broker:
                 config.kafka_host or config.host, config.kafka_port, "kafka.port, --kafka-port; 0 turns it off"
             )
         _check_data_dir(config.data_dir)
+        self.sasl: Authenticator | None = None
+        if config.kafka_port and config.kafka_sasl_mechanisms:
+            self.sasl = Authenticator(config.kafka_sasl_mechanisms, UserStore(config.kafka_sasl_users_file))
         self.metrics = Metrics()
         _, fd_limit = raise_fd_limit()
         worst = config.max_open_topics * FDS_PER_OPEN_TOPIC_WORST + FDS_RESERVED
@@ -270,6 +275,7 @@ class Broker:
             groups=self.kafka_groups,
             metrics=self.metrics,
             fetch_max_bytes=config.kafka_fetch_max_bytes,
+            sasl=self.sasl,
         )
         server = KafkaServer(
             self.kafka_handler,
@@ -311,6 +317,12 @@ class Broker:
             if self.kafka_server is not None
             else "Kafka port off"
         )
+        if self.kafka_server is not None:
+            kafka += (
+                f" with SASL {','.join(self.sasl.mechanisms)} for {len(self.sasl.users)} users"
+                if self.sasl is not None
+                else " without authentication"
+            )
         log.info(
             "luxun broker %d serving %d topics from %s on %s:%d (%s; %s)",
             self.config.broker_id,

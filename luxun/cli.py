@@ -9,6 +9,8 @@
     luxun topics [--metrics URL]   topics, sizes, group lag (listTopics, or the metrics endpoint)
     luxun delete TOPIC --password PW
     luxun agent --broker H:P [--dgram PATH] [--stream PATH] [--tcp-port N] [--config dory.xml] [--status-port N]
+    luxun kafka-user add NAME [--admin] (--users-file F | --config server.properties)   password from stdin/prompt
+    luxun kafka-user remove NAME (--users-file F | --config ...);  luxun kafka-user list (--users-file F | ...)
 
 Client commands talk to a broker through :class:`clients.connection.BrokerConnection`
 (``--broker host:port``, default 127.0.0.1:9092; ``host`` alone means port 9092) with a
@@ -72,6 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--metrics-port", type=int, help="metrics HTTP port; default 9093, 0 turns it off")
     serve.add_argument(
         "--kafka-port", type=int, help="Kafka-protocol port (kafka.port); default 0: off (9092 is the Thrift port's)"
+    )
+    serve.add_argument("--kafka-host", help="the Kafka port's address (kafka.host); default: --host")
+    serve.add_argument(
+        "--kafka-sasl-mechanisms",
+        help="SASL on the Kafka port (kafka.sasl.mechanisms): some of PLAIN,SCRAM-SHA-256,SCRAM-SHA-512; default off",
+    )
+    serve.add_argument(
+        "--kafka-sasl-users-file", help="the Kafka port's users (kafka.sasl.users.file; see luxun kafka-user add)"
+    )
+    serve.add_argument(
+        "--kafka-allow-unauthenticated",
+        action="store_const",
+        const=True,
+        help="let the Kafka port listen on a non-loopback address without SASL (kafka.allow.unauthenticated)",
     )
     serve.add_argument("--log-level", default="INFO", help=f"{', '.join(_LOG_LEVELS)} (default INFO)")
 
@@ -143,6 +159,22 @@ def main(argv: list[str] | None = None) -> int:
             "consume adds --wait-ms; 0: no limit)",
         )
 
+    kafka_user = sub.add_parser("kafka-user", help="add, remove or list the Kafka port's SASL users")
+    kafka_user.add_argument("action", choices=["add", "remove", "list"])
+    kafka_user.add_argument("name", nargs="?", help="the user (add, remove)")
+    where_users = kafka_user.add_mutually_exclusive_group(required=True)
+    where_users.add_argument("--users-file", help="the users file (created by add if missing)")
+    where_users.add_argument("--config", help="a server.properties whose kafka.sasl.users.file to use")
+    kafka_user.add_argument("--admin", action="store_true", help="add: may create and delete topics and delete groups")
+    kafka_user.add_argument(
+        "--mechanisms",
+        default="SCRAM-SHA-256,SCRAM-SHA-512",
+        help="add: SCRAM credentials to store (default both; PLAIN logins are checked against either)",
+    )
+    kafka_user.add_argument(
+        "--iterations", type=int, default=4096, help="add: PBKDF2 iterations of each credential (default 4096)"
+    )
+
     agent = sub.add_parser("agent", help="a local Dory-compatible agent that forwards to brokers")
     from clients.agent import add_arguments as _agent_arguments
 
@@ -154,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in _TOPIC_COMMANDS:
             _check_topic(args.topic)
-        return int(globals()[f"_cmd_{args.command}"](args))
+        return int(globals()[f"_cmd_{args.command.replace('-', '_')}"](args))
     except CliError as exc:
         return _fail(str(exc), exc.code)
     except LuxunClientError as exc:  # BrokerUnavailableError: its message names host:port
@@ -208,6 +240,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "metrics_host": args.metrics_host,
             "metrics_port": args.metrics_port,
             "kafka_port": args.kafka_port,
+            "kafka_host": args.kafka_host,
+            "kafka_sasl_mechanisms": args.kafka_sasl_mechanisms,
+            "kafka_sasl_users_file": args.kafka_sasl_users_file,
+            "kafka_allow_unauthenticated": args.kafka_allow_unauthenticated,
         }.items()
         if value is not None
     }
@@ -226,6 +262,78 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except StartupError as exc:  # a port taken between the check and listening
         raise CliError(str(exc), 2) from exc
     return 0
+
+
+def _cmd_kafka_user(args: argparse.Namespace) -> int:
+    from .kafka import sasl
+
+    path = args.users_file or _users_file_of(args.config)
+    if args.action == "list":
+        try:
+            with open(path, encoding="utf-8") as f:
+                users = sasl.parse_users(f.read(), source=path)
+        except OSError as exc:
+            raise CliError(_os_error(exc)) from exc
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+        for user in users.values():
+            print(f"{user.name} {'admin' if user.admin else 'user'} {','.join(user.credentials)}")
+        return 0
+    if not args.name:
+        raise CliError(f"kafka-user {args.action} needs a NAME", 2)
+    try:
+        if args.action == "remove":
+            if not sasl.remove_user(path, args.name):
+                raise CliError(f"no user {args.name!r} in {path}")
+            print(f"removed user {args.name!r} from {path}", file=sys.stderr)
+            return 0
+        problem = sasl.user_name_problem(args.name)
+        if problem is not None:
+            raise CliError(problem, 2)
+        mechanisms = [m.strip().upper() for m in args.mechanisms.split(",") if m.strip()]
+        user = sasl.new_user(
+            args.name, _read_new_password(args.name), admin=args.admin, mechanisms=mechanisms,
+            iterations=args.iterations,
+        )  # fmt: skip
+        replaced = sasl.write_user(path, user)
+    except OSError as exc:
+        raise CliError(_os_error(exc)) from exc
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from exc
+    print(
+        f"{'replaced' if replaced else 'added'} user {args.name!r} ({'admin' if args.admin else 'user'}; "
+        f"{', '.join(user.credentials)}) in {path}; a running broker reads the file again at the next login",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _users_file_of(config_path: str) -> str:
+    """``kafka.sasl.users.file`` of a server.properties (relative to the working directory, as the broker's)."""
+    from .config import ConfigError, load_properties
+
+    try:
+        path = load_properties(config_path).get("kafka.sasl.users.file", "").strip()
+    except ConfigError as exc:
+        raise CliError(str(exc), 2) from exc
+    if not path:
+        raise CliError(f"{config_path} has no kafka.sasl.users.file; pass --users-file", 2)
+    return path
+
+
+def _read_new_password(name: str) -> str:
+    """The password: asked twice on a terminal, else the first line of stdin."""
+    import getpass
+
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"password for {name}: ")
+        if getpass.getpass("again: ") != password:
+            raise CliError("the two passwords differ; nothing written", 2)
+    else:
+        password = sys.stdin.readline().removesuffix("\n").removesuffix("\r")
+    if not password:
+        raise CliError("empty password; nothing written (give it on stdin or at the prompt)", 2)
+    return password
 
 
 def _os_error(exc: OSError) -> str:

@@ -36,7 +36,15 @@ key                                        field                         default
 ``max.topics`` (ours)                      ``max_topics``                0 (no limit)
 ``max.open.topics`` (ours)                 ``max_open_topics``           100
 ``busy.poll.us`` (ours)                    ``busy_poll_us``              200 (0 = never)
+``kafka.sasl.mechanisms`` (ours)           ``kafka_sasl_mechanisms``     none (SASL off)
+``kafka.sasl.users.file`` (ours)           ``kafka_sasl_users_file``     none
+``kafka.allow.unauthenticated`` (ours)     ``kafka_allow_unauthenticated`` false
 =========================================  ============================  ====================
+
+The Kafka port's keys (``kafka.*``, ``num.partitions``, ``delete.topic.enable``...) are
+listed in the README. The Kafka port listens on a non-loopback address only with
+SASL on (``kafka.sasl.mechanisms``) or ``kafka.allow.unauthenticated=true``: anything
+else is a :class:`ConfigError`, so the broker refuses to start before it binds.
 
 Where the Java defaults come from: ``com.leansoft.luxun.server.ServerConfig``,
 ``log.ILog`` and ``conf/server.properties`` of bulldog2011/luxun, and
@@ -69,6 +77,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import logging
 import os
 import re
@@ -154,6 +163,11 @@ DEFAULT_KAFKA_FETCH_MAX_BYTES = 57671680
 #: Kafka group joins wait this long for more members before the first rebalance
 #: (Kafka's default is 3000 ms; 0 here: no long initial delay).
 DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS = 0
+#: The SASL mechanisms the Kafka port can offer (``kafka.sasl.mechanisms`` names a subset;
+#: none: SASL off). luxun.kafka.sasl implements them.
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: Whether the Kafka port may listen on a non-loopback address without SASL.
+DEFAULT_KAFKA_ALLOW_UNAUTHENTICATED = False
 
 _NO_OVERRIDES: Mapping[str, Any] = MappingProxyType({})
 
@@ -274,6 +288,15 @@ class BrokerConfig:
         default=DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS,
         metadata=_key("group.initial.rebalance.delay.ms", 0, INT32_MAX, ours=True),
     )
+    #: The SASL mechanisms the Kafka port offers (of ``KAFKA_SASL_MECHANISMS``); (): SASL off.
+    kafka_sasl_mechanisms: tuple[str, ...] = field(default=(), metadata=_key("kafka.sasl.mechanisms", ours=True))
+    #: The Kafka port's users and their credentials (luxun.kafka.sasl; ``luxun kafka-user add``).
+    kafka_sasl_users_file: str = field(default="", metadata=_key("kafka.sasl.users.file", ours=True))
+    #: Let the Kafka port listen on a non-loopback address without SASL (anyone who can
+    #: reach it may then produce, read, create and delete topics).
+    kafka_allow_unauthenticated: bool = field(
+        default=DEFAULT_KAFKA_ALLOW_UNAUTHENTICATED, metadata=_key("kafka.allow.unauthenticated", ours=True)
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -304,12 +327,44 @@ class BrokerConfig:
                 object.__setattr__(self, f.name, MappingProxyType(checked))
             elif f.name == "metrics_port" and value is None:
                 continue
+            elif f.name in _MECHANISM_FIELDS:
+                if isinstance(value, str):
+                    value = _parse_mechanisms(label, value)
+                if not isinstance(value, tuple | list) or not all(isinstance(m, str) for m in value):
+                    raise ConfigError(f"{label} must be a list of mechanism names", key=f.metadata["key"])
+                object.__setattr__(self, f.name, _parse_mechanisms(label, ",".join(value)))
             elif f.name in _BOOL_FIELDS:
                 if not isinstance(value, bool):
                     raise ConfigError(f"{label} must be true or false, not {value!r}", key=f.metadata["key"])
             else:
                 _check_int(f, value=value, label=label)
         self._check_ports_differ()
+        self._check_kafka_security()
+
+    def _check_kafka_security(self) -> None:
+        """SASL needs a users file (and the reverse); a Kafka port on an address other
+        hosts can reach needs SASL or ``kafka.allow.unauthenticated=true``."""
+        if self.kafka_sasl_mechanisms and not self.kafka_sasl_users_file.strip():
+            raise ConfigError(
+                "kafka.sasl.mechanisms is set but kafka.sasl.users.file is not: SASL needs the users file "
+                "(make one with luxun kafka-user add)",
+                key="kafka.sasl.users.file",
+            )
+        if self.kafka_sasl_users_file.strip() and not self.kafka_sasl_mechanisms:
+            raise ConfigError(
+                "kafka.sasl.users.file is set but kafka.sasl.mechanisms is not: name the mechanisms to offer "
+                f"({','.join(KAFKA_SASL_MECHANISMS)}) or drop the users file",
+                key="kafka.sasl.mechanisms",
+            )
+        host = self.kafka_host or self.host
+        open_to_all = not self.kafka_sasl_mechanisms and not self.kafka_allow_unauthenticated
+        if self.kafka_port and open_to_all and not is_loopback(host):
+            raise ConfigError(
+                f"the Kafka port would listen on {host} without authentication: set kafka.sasl.mechanisms "
+                "(with kafka.sasl.users.file), bind it to 127.0.0.1 (kafka.host), or set "
+                "kafka.allow.unauthenticated=true to let anyone who reaches it in",
+                key="kafka.host",
+            )
 
     def _check_ports_differ(self) -> None:
         """Two of the broker's listeners on one port (and overlapping addresses) cannot
@@ -399,9 +454,10 @@ _FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fie
 _FIELD_BY_KEY: dict[str, dataclasses.Field[Any]] = {f.metadata["key"]: f for f in _FIELDS.values()}
 _STR_FIELDS = frozenset({"data_dir", "host", "metrics_host", "password"})
 #: String fields that may be empty (meaning: derived from another setting).
-_OPTIONAL_STR_FIELDS = frozenset({"kafka_host", "kafka_advertised_host"})
+_OPTIONAL_STR_FIELDS = frozenset({"kafka_host", "kafka_advertised_host", "kafka_sasl_users_file"})
 _MAP_FIELDS = frozenset({"topic_flush_intervals_ms", "topic_retention_hours"})
-_BOOL_FIELDS = frozenset({"auto_create_topics", "delete_topic_enable"})
+_BOOL_FIELDS = frozenset({"auto_create_topics", "delete_topic_enable", "kafka_allow_unauthenticated"})
+_MECHANISM_FIELDS = frozenset({"kafka_sasl_mechanisms"})
 
 #: Every key Java Luxun's ServerConfig reads.
 JAVA_KEYS: frozenset[str] = frozenset(k for k, f in _FIELD_BY_KEY.items() if not f.metadata["ours"])
@@ -414,6 +470,37 @@ KNOWN_KEYS: frozenset[str] = JAVA_KEYS | OUR_KEYS
 
 
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener bound to ``host`` is reachable from this machine only: a
+    loopback address (127.0.0.0/8, ::1) or ``localhost``. Other names are not resolved
+    and count as reachable from elsewhere."""
+    text = host.strip().strip("[]")
+    if text.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def _parse_mechanisms(label: str, raw: str) -> tuple[str, ...]:
+    """``"PLAIN, scram-sha-256"`` -> ``("PLAIN", "SCRAM-SHA-256")``: upper case, each once,
+    in the order given ("" -> (): SASL off)."""
+    out: list[str] = []
+    for part in raw.split(","):
+        name = part.strip().upper()
+        if not name:
+            continue
+        if name not in KAFKA_SASL_MECHANISMS:
+            raise ConfigError(
+                f"{label}: unknown SASL mechanism {part.strip()!r} (offered: {', '.join(KAFKA_SASL_MECHANISMS)})",
+                key="kafka.sasl.mechanisms",
+            )
+        if name not in out:
+            out.append(name)
+    return tuple(out)
 
 
 def _addresses_overlap(host_a: str, host_b: str) -> bool:
@@ -486,6 +573,8 @@ def _parse_value(f: dataclasses.Field[Any], raw: Any) -> Any:
         return raw.strip()
     if f.name in _MAP_FIELDS:
         return _parse_topic_map(label, raw)
+    if f.name in _MECHANISM_FIELDS:
+        return _parse_mechanisms(label, raw)
     if f.name in _BOOL_FIELDS:
         text = raw.strip().lower()
         if text not in ("true", "false"):
@@ -508,6 +597,7 @@ __all__ = [
     "DEFAULT_FLUSH_INTERVAL_MS",
     "DEFAULT_FLUSH_SCHEDULER_INTERVAL_MS",
     "DEFAULT_HOST",
+    "DEFAULT_KAFKA_ALLOW_UNAUTHENTICATED",
     "DEFAULT_MAX_MESSAGE_SIZE_BYTES",
     "DEFAULT_MAX_OPEN_TOPICS",
     "DEFAULT_MAX_TOPICS",
@@ -518,6 +608,7 @@ __all__ = [
     "DEFAULT_RETENTION_HOURS",
     "DEFAULT_RETENTION_SIZE_BYTES",
     "JAVA_KEYS",
+    "KAFKA_SASL_MECHANISMS",
     "KNOWN_KEYS",
     "OUR_KEYS",
     "PASSWORD_SCHEMES",
@@ -525,6 +616,7 @@ __all__ = [
     "BrokerConfig",
     "ConfigError",
     "check_password",
+    "is_loopback",
     "load_properties",
     "parse_properties",
     "password_to_send",

@@ -12,6 +12,20 @@ Produce with ``acks=0`` gets no response at all, as in Kafka. A Fetch waits up t
 ``max_wait`` for ``min_bytes`` on a condition every append to one of its partitions
 sets (the long-poll machinery of the Thrift consume; a produce completes it at once).
 
+With SASL on (``sasl``, see :mod:`luxun.kafka.sasl`), a connection's frames go to
+:meth:`KafkaHandler.handle_auth_frame` until it has logged in, as in Kafka's
+``SaslServerAuthenticator``: ApiVersions is answered; SaslHandshake (v0-v1) picks a
+mechanism (UNSUPPORTED_SASL_MECHANISM with the enabled ones, then the connection is
+closed, for one not enabled); the tokens follow in SaslAuthenticate requests (v0-v2)
+after a v1 handshake, or as bare size-prefixed frames after a v0 one; a refused
+login answers SASL_AUTHENTICATION_FAILED with Kafka's message and closes; any other
+request closes the connection. After it, every request carries the session: one
+whose user is not an admin gets TOPIC_AUTHORIZATION_FAILED for each topic of a
+CreateTopics or DeleteTopics and for a topic Metadata would auto-create, and
+GROUP_AUTHORIZATION_FAILED for each group of a DeleteGroups. SaslHandshake and
+SaslAuthenticate once logged in, or with SASL off, answer ILLEGAL_SASL_STATE (Kafka's
+``KafkaApis`` answers).
+
 Thread-safety: one instance serves every connection; each call runs on its
 connection's thread.
 """
@@ -30,6 +44,7 @@ from ..metrics import Metrics
 from . import protocol as P
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
 from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
+from .sasl import AuthenticationFailed, Authenticator, SaslSession
 
 __all__ = ["VERSIONS", "KafkaHandler"]
 
@@ -40,11 +55,14 @@ PRODUCE: Final = 0
 FETCH: Final = 1
 LIST_OFFSETS: Final = 2
 METADATA: Final = 3
+SASL_HANDSHAKE: Final = 17
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 INIT_PRODUCER_ID: Final = 22
 DESCRIBE_CONFIGS: Final = 32
+SASL_AUTHENTICATE: Final = 36
+DELETE_GROUPS: Final = 42
 DESCRIBE_CLUSTER: Final = 60
 
 #: The versions served of the APIs this module answers: min, max.
@@ -59,12 +77,19 @@ VERSIONS: Final[dict[int, tuple[int, int]]] = {
     INIT_PRODUCER_ID: (0, 4),
     DESCRIBE_CONFIGS: (1, 4),
     DESCRIBE_CLUSTER: (0, 1),
+    SASL_HANDSHAKE: (0, 1),
+    SASL_AUTHENTICATE: (0, 2),
 }
 
 UNSUPPORTED_VERSION: Final = 35
 INVALID_REQUEST: Final = 42
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Final = 53
 INVALID_REPLICATION_FACTOR: Final = 38
+TOPIC_AUTHORIZATION_FAILED: Final = 29
+GROUP_AUTHORIZATION_FAILED: Final = 30
+UNSUPPORTED_SASL_MECHANISM: Final = 33
+ILLEGAL_SASL_STATE: Final = 34
+SASL_AUTHENTICATION_FAILED: Final = 58
 CLUSTER_ID: Final = "luxun-" + uuid.uuid5(uuid.NAMESPACE_DNS, "luxun").hex[:16]
 #: Fetch waits at most this long whatever the client asks (Kafka clients ask 500 ms).
 MAX_FETCH_WAIT_S: Final = 30.0
@@ -81,6 +106,7 @@ class KafkaHandler:
         groups: the group coordinator (``handle(api_key, version, request, ...)`` and
             ``VERSIONS``), or None: group APIs are not announced.
         metrics: counters of requests per API and version and errors per code.
+        sasl: the mechanisms and users when SASL is on; None: off.
     """
 
     def __init__(
@@ -93,6 +119,7 @@ class KafkaHandler:
         groups: Any = None,
         metrics: Metrics | None = None,
         fetch_max_bytes: int = 57671680,
+        sasl: Authenticator | None = None,
     ) -> None:
         self.log = kafka_log
         #: Most record bytes in one Fetch answer, whatever the request asks (fetch.max.bytes).
@@ -102,10 +129,11 @@ class KafkaHandler:
         self.port = port
         self.groups = groups
         self.metrics = metrics or Metrics()
+        self.sasl = sasl
         self.versions: dict[int, tuple[int, int]] = dict(VERSIONS)
         if groups is not None:
             self.versions.update(groups.VERSIONS)
-        self._methods: dict[int, Callable[[Any, P.RequestHeader], Any]] = {
+        self._methods: dict[int, Callable[[Any, P.RequestHeader, SaslSession | None], Any]] = {
             PRODUCE: self.produce,
             FETCH: self.fetch,
             LIST_OFFSETS: self.list_offsets,
@@ -116,6 +144,8 @@ class KafkaHandler:
             INIT_PRODUCER_ID: self.init_producer_id,
             DESCRIBE_CONFIGS: self.describe_configs,
             DESCRIBE_CLUSTER: self.describe_cluster,
+            SASL_HANDSHAKE: self.sasl_handshake,
+            SASL_AUTHENTICATE: self.sasl_authenticate,
         }
         self._flexible: dict[tuple[int, int], bool] = {}
 
@@ -131,7 +161,7 @@ class KafkaHandler:
             flexible = self._flexible[key] = bool(P.request_schema(api_key, version).__flexible__)
         return flexible
 
-    def handle_frame(self, frame: bytes, peer: Any) -> bytes | list[Any] | None:
+    def handle_frame(self, frame: bytes, peer: Any, session: SaslSession | None = None) -> bytes | list[Any] | None:
         """See :class:`~luxun.kafka.server.FrameHandler`."""
         header = P.parse_request_header(frame, self._is_flexible)
         key, version = header.api_key, header.api_version
@@ -148,7 +178,9 @@ class KafkaHandler:
         request = P.read_request(header, frame)
         method = self._methods.get(key)
         if method is not None:
-            response = method(request, header)
+            response = method(request, header, session)
+        elif key == DELETE_GROUPS and session is not None and not session.admin:
+            response = self._refuse_delete_groups(request, header, session)
         else:
             response = self.groups.handle(key, version, request, client_id=header.client_id, client_host=peer[0])
         if response is None:
@@ -174,7 +206,7 @@ class KafkaHandler:
     def _api_keys(self) -> list[dict[str, int]]:
         return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(self.versions.items())]
 
-    def api_versions(self, request: Any, header: P.RequestHeader) -> Any:
+    def api_versions(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         return self._response(header, error_code=NONE, api_keys=self._api_keys())
 
     def _api_versions_fallback(self, header: P.RequestHeader) -> bytes:
@@ -190,9 +222,15 @@ class KafkaHandler:
     def _brokers(self) -> list[dict[str, Any]]:
         return [{"node_id": self.node_id, "broker_id": self.node_id, "host": self.host, "port": self.port}]
 
-    def _topic_metadata(self, name: str, create: bool) -> dict[str, Any]:
+    def _topic_metadata(self, name: str, create: bool, may_create: bool = True) -> dict[str, Any]:
+        """``create``: the request allows auto-creation; ``may_create``: the session's
+        user may create topics (else, where creation would happen, TOPIC_AUTHORIZATION_FAILED,
+        as Kafka answers a user without CREATE)."""
         info = self.log.describe(name)
         if info is None and create and legal_topic_name(name) is None:
+            if not may_create and self.log.topics.auto_create:
+                self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
+                return {"error_code": TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []}
             code, message = self.log.auto_create(name)
             if code != NONE:
                 log.debug("auto-creating topic %r: %s", name, message)
@@ -221,12 +259,13 @@ class KafkaHandler:
             "topic_authorized_operations": -2147483648,
         }
 
-    def metadata(self, request: Any, header: P.RequestHeader) -> Any:
+    def metadata(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         if request.topics is None or (header.api_version == 0 and not request.topics):
             topics = [self._topic_metadata(info.name, False) for info in self.log.list_topics()]
         else:
             create = getattr(request, "allow_auto_topic_creation", True)
-            topics = [self._topic_metadata(t.name, create) for t in request.topics if t.name is not None]
+            may = session is None or session.admin
+            topics = [self._topic_metadata(t.name, create, may) for t in request.topics if t.name is not None]
         return self._response(
             header,
             brokers=self._brokers(),
@@ -236,7 +275,7 @@ class KafkaHandler:
             cluster_authorized_operations=-2147483648,
         )
 
-    def describe_cluster(self, request: Any, header: P.RequestHeader) -> Any:
+    def describe_cluster(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         return self._response(
             header,
             error_code=NONE,
@@ -247,7 +286,7 @@ class KafkaHandler:
         )
 
     # -- Produce -----------------------------------------------------------------------
-    def produce(self, request: Any, header: P.RequestHeader) -> Any:
+    def produce(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         if request.transactional_id is not None:
             err = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             refused = [
@@ -288,7 +327,7 @@ class KafkaHandler:
         return produce_response(header.api_version, responses)
 
     # -- Fetch -------------------------------------------------------------------------
-    def fetch(self, request: Any, header: P.RequestHeader) -> Any:
+    def fetch(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         # A partition named twice is answered once, as the last naming asks (Kafka keeps
         # a Fetch's partitions in a map); the answer keeps the order of first naming.
         named: dict[tuple[str, int], Any] = {}
@@ -357,7 +396,7 @@ class KafkaHandler:
         return any(r.error != NONE for r in results)
 
     # -- ListOffsets -------------------------------------------------------------------
-    def list_offsets(self, request: Any, header: P.RequestHeader) -> Any:
+    def list_offsets(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         topics = []
         for t in request.topics:
             parts = []
@@ -379,7 +418,16 @@ class KafkaHandler:
         return self._response(header, topics=topics)
 
     # -- topics ------------------------------------------------------------------------
-    def create_topics(self, request: Any, header: P.RequestHeader) -> Any:
+    def create_topics(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        if session is not None and not session.admin:
+            refusal = _not_admin(session, "create topics")
+            refused = [
+                {"name": t.name, "error_code": TOPIC_AUTHORIZATION_FAILED, "error_message": refusal,
+                 "num_partitions": -1, "replication_factor": -1, "configs": None}
+                for t in request.topics
+            ]  # fmt: skip
+            self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
+            return self._response(header, topics=refused)
         results = []
         for t in request.topics:
             configs = {c.name: c.value for c in t.configs}
@@ -415,10 +463,15 @@ class KafkaHandler:
             )
         return self._response(header, topics=results)
 
-    def delete_topics(self, request: Any, header: P.RequestHeader) -> Any:
+    def delete_topics(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         names = getattr(request, "topic_names", None)
         if names is None:
             names = [t.name for t in request.topics]
+        if session is not None and not session.admin:
+            refusal = _not_admin(session, "delete topics")
+            self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
+            refused = [{"name": n, "error_code": TOPIC_AUTHORIZATION_FAILED, "error_message": refusal} for n in names]
+            return self._response(header, responses=refused)
         responses = []
         for name in names:
             code, message = self.log.delete(name) if name is not None else (UNKNOWN_TOPIC_OR_PARTITION, None)
@@ -427,7 +480,7 @@ class KafkaHandler:
             responses.append({"name": name, "error_code": code, "error_message": message})
         return self._response(header, responses=responses)
 
-    def describe_configs(self, request: Any, header: P.RequestHeader) -> Any:
+    def describe_configs(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         results = []
         for r in request.resources:
             configs: list[dict[str, Any]] = []
@@ -459,10 +512,129 @@ class KafkaHandler:
         return self._response(header, results=results)
 
     # -- producers ---------------------------------------------------------------------
-    def init_producer_id(self, request: Any, header: P.RequestHeader) -> Any:
+    def init_producer_id(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         if request.transactional_id is not None:
             self.metrics.count_kafka_error(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
             return self._response(
                 header, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1
             )
         return self._response(header, error_code=NONE, producer_id=self.log.next_producer_id(), producer_epoch=0)
+
+    # -- SASL --------------------------------------------------------------------------
+    def new_session(self) -> SaslSession | None:
+        """See :class:`~luxun.kafka.server.FrameHandler`."""
+        return None if self.sasl is None else self.sasl.session()
+
+    def sasl_handshake(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        """A SaslHandshake with SASL off, or once logged in (no re-authentication): as Kafka."""
+        self.metrics.count_kafka_error(ILLEGAL_SASL_STATE)
+        mechanisms = list(self.sasl.mechanisms) if self.sasl is not None else []
+        return self._response(header, error_code=ILLEGAL_SASL_STATE, mechanisms=mechanisms)
+
+    def sasl_authenticate(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        """A SaslAuthenticate with SASL off, or once logged in: as Kafka."""
+        self.metrics.count_kafka_error(ILLEGAL_SASL_STATE)
+        message = (
+            "SaslAuthenticate request received after successful authentication"
+            if self.sasl is not None
+            else "SASL is not enabled on this broker's Kafka port (kafka.sasl.mechanisms)"
+        )
+        return self._response(header, error_code=ILLEGAL_SASL_STATE, error_message=message, auth_bytes=b"")
+
+    def handle_auth_frame(self, frame: bytes, peer: Any, session: SaslSession) -> bytes:
+        """See :class:`~luxun.kafka.server.FrameHandler`: a frame of a connection not logged in."""
+        if session.raw:  # after SaslHandshake v0: a bare token, answered by a bare token
+            try:
+                token = session.step(frame)
+            except AuthenticationFailed as exc:
+                self.metrics.count_kafka_error(SASL_AUTHENTICATION_FAILED)
+                raise P.CloseConnection(
+                    f"SASL {session.mechanism} login refused (v0 handshake): {exc}", log_key="kafka-sasl-refused"
+                ) from None
+            self._logged_in(session, peer)
+            return _I32.pack(len(token)) + token
+        header = P.parse_request_header(frame, self._is_flexible)
+        key, version = header.api_key, header.api_version
+        if key == API_VERSIONS and session.mechanism is None:
+            out = self.handle_frame(frame, peer, None)
+            assert isinstance(out, bytes)
+            return out
+        self.metrics.count_kafka_request(key, version)
+        name = _api_name(key, version)
+        served = self.versions.get(key)
+        if key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            raise P.CloseConnection(
+                f"{name} before SASL authentication (only ApiVersions, SaslHandshake and SaslAuthenticate are "
+                "answered until the client logs in)",
+                log_key=f"kafka-sasl-early-{key}",
+            )
+        assert served is not None
+        if not served[0] <= version <= served[1]:
+            self.metrics.count_kafka_error(UNSUPPORTED_VERSION)
+            raise P.ProtocolError(f"{name} v{version} is not supported (this broker serves v{served[0]}..v{served[1]})")
+        request = P.read_request(header, frame)
+        if key == SASL_HANDSHAKE:
+            if session.mechanism is not None:
+                self.metrics.count_kafka_error(ILLEGAL_SASL_STATE)
+                response = self._response(header, error_code=ILLEGAL_SASL_STATE, mechanisms=list(session.mechanisms))
+                raise P.CloseConnection(
+                    "a second SaslHandshake during SASL authentication", P.encode_response(header, response)
+                )
+            if not session.handshake(request.mechanism, version):
+                self.metrics.count_kafka_error(UNSUPPORTED_SASL_MECHANISM)
+                response = self._response(
+                    header, error_code=UNSUPPORTED_SASL_MECHANISM, mechanisms=list(session.mechanisms)
+                )
+                raise P.CloseConnection(
+                    f"SASL mechanism {request.mechanism!r} is not enabled (kafka.sasl.mechanisms: "
+                    f"{','.join(session.mechanisms)})",
+                    P.encode_response(header, response),
+                )
+            response = self._response(header, error_code=NONE, mechanisms=list(session.mechanisms))
+            return P.encode_response(header, response)
+        if session.mechanism is None:
+            self.metrics.count_kafka_error(ILLEGAL_SASL_STATE)
+            message = "SaslAuthenticate before SaslHandshake: send a SaslHandshake naming the mechanism first"
+            response = self._response(header, error_code=ILLEGAL_SASL_STATE, error_message=message, auth_bytes=b"")
+            raise P.CloseConnection(message, P.encode_response(header, response))
+        try:
+            token = session.step(request.auth_bytes)
+        except AuthenticationFailed as exc:
+            self.metrics.count_kafka_error(SASL_AUTHENTICATION_FAILED)
+            response = self._response(
+                header, error_code=SASL_AUTHENTICATION_FAILED, error_message=str(exc), auth_bytes=b""
+            )
+            raise P.CloseConnection(
+                f"SASL {session.mechanism} login refused: {exc}",
+                P.encode_response(header, response),
+                log_key="kafka-sasl-refused",
+            ) from None
+        if session.user is not None:
+            self._logged_in(session, peer)
+        response = self._response(header, error_code=NONE, auth_bytes=token, session_lifetime=0)
+        return P.encode_response(header, response)
+
+    @staticmethod
+    def _logged_in(session: SaslSession, peer: Any) -> None:
+        assert session.user is not None
+        log.debug("Kafka connection from %s logged in as %r with %s", peer, session.user.name, session.mechanism)
+
+    def _refuse_delete_groups(self, request: Any, header: P.RequestHeader, session: SaslSession) -> Any:
+        """DeleteGroups of a user who is not an admin: GROUP_AUTHORIZATION_FAILED for each group."""
+        self.metrics.count_kafka_error(GROUP_AUTHORIZATION_FAILED)
+        results = [{"group_id": g, "error_code": GROUP_AUTHORIZATION_FAILED} for g in request.groups_names]
+        return self._response(header, results=results)
+
+
+def _not_admin(session: SaslSession, what: str) -> str:
+    name = session.user.name if session.user is not None else "?"
+    return f"user {name!r} may not {what}: only users with the admin role in kafka.sasl.users.file may"
+
+
+def _api_name(key: int, version: int) -> str:
+    """``"Produce (API 0)"``: the API's name, from kio's schema where it has one."""
+    try:
+        name = P.request_schema(key, version).__name__.removesuffix("Request")
+    except P.ProtocolError:
+        return f"API {key}"
+    return f"{name} (API {key})"

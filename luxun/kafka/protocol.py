@@ -35,6 +35,7 @@ from kio.serial import entity_reader, entity_writer
 
 __all__ = [
     "API_VERSIONS_KEY",
+    "CloseConnection",
     "ErrorCode",
     "ProtocolError",
     "RequestHeader",
@@ -55,6 +56,18 @@ _EPOCH: Final = datetime.datetime.fromtimestamp(0, datetime.UTC)
 
 class ProtocolError(ValueError):
     """A request that cannot be parsed: the connection is closed (as Kafka does)."""
+
+
+class CloseConnection(ProtocolError):
+    """A request answered with ``response`` (a whole frame; None: no answer), after
+    which the connection is closed, as Kafka closes it: a failed SASL login, a request
+    before authentication. The message is the broker's log line (rate-limited under
+    ``log_key``)."""
+
+    def __init__(self, message: str, response: bytes | None = None, *, log_key: str = "kafka-sasl") -> None:
+        super().__init__(message)
+        self.response = response
+        self.log_key = log_key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

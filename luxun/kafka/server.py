@@ -14,6 +14,15 @@ client announcing 2 GiB and sending nothing holds nothing); a connection that ca
 get budget within ``budget_wait_s`` is closed. Responses go out with
 :func:`~luxun.net.send_parts` (a Fetch of many partitions is many buffers).
 
+With SASL on (:mod:`luxun.kafka.sasl`), a connection starts in
+:meth:`KafkaServer._authenticate`: frames are read one at a time, at most
+``SASL_MAX_RECEIVE_BYTES`` each (Kafka's ``sasl.server.max.receive.size``), for at most
+``AUTH_TIMEOUT_S``, and answered by the handler's ``handle_auth_frame`` (ApiVersions,
+SaslHandshake, SaslAuthenticate or the legacy bare tokens); anything else is answered
+as Kafka answers it, or not, and the connection closed with one log line. Once the
+session has a user, the connection goes on in the loop above, unchanged: the only
+cost SASL adds to a request is the session passed to the handler.
+
 Thread-safety: ``start``/``stop`` from the main thread; connections run in their own.
 """
 
@@ -24,10 +33,12 @@ import logging
 import socket
 import struct
 import threading
+import time
 from typing import Any, Protocol
 
 from ..logs import RateLimitedLog
 from ..net import READ_BUFFER, RECEIVING, TcpServer, send_parts
+from .sasl import SaslSession
 
 __all__ = ["FrameHandler", "KafkaServer"]
 
@@ -42,15 +53,34 @@ _READ_AHEAD = 64 * 1024
 _UNBUDGETED = 4096
 # Produce responses held back at most, while more produce requests are buffered.
 _PENDING_BYTES = 256 * 1024
+#: Largest frame before authentication (Kafka's sasl.server.max.receive.size default).
+SASL_MAX_RECEIVE_BYTES = 512 * 1024
+#: A connection not authenticated this long after it opened is closed.
+AUTH_TIMEOUT_S = 30.0
+#: Frames a connection may send before it is authenticated (ApiVersions, SaslHandshake
+#: and a SCRAM exchange take 4; clients retry ApiVersions at lower versions).
+MAX_AUTH_FRAMES = 16
 
 
 class FrameHandler(Protocol):
-    def handle_frame(self, frame: bytes, peer: Any) -> bytes | list[Any] | None:
-        """Answer one request frame (size prefix excluded): the response frame (size
+    def handle_frame(self, frame: bytes, peer: Any, session: SaslSession | None = None) -> bytes | list[Any] | None:
+        """Answer one request frame (size prefix excluded) of a connection whose SASL
+        ``session`` (None: SASL off) is authenticated: the response frame (size
         included), as bytes or as buffers to send in order; None: no response (acks=0).
 
         Raises:
-            ValueError: the request cannot be parsed; the connection is closed.
+            ValueError: the request cannot be parsed; the connection is closed (after
+                sending the ``response`` of a :class:`~luxun.kafka.protocol.CloseConnection`).
+        """
+
+    def new_session(self) -> SaslSession | None:
+        """A new connection's SASL session; None when SASL is off."""
+
+    def handle_auth_frame(self, frame: bytes, peer: Any, session: SaslSession) -> bytes:
+        """Answer one frame of a connection not authenticated yet (the response frame).
+
+        Raises:
+            ValueError: as :meth:`handle_frame`.
         """
 
 
@@ -65,10 +95,13 @@ class KafkaServer(TcpServer):
         super().__init__(host, port, name="luxun-kafka", **options)
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
+        session = self._handler.new_session()
+        if session is not None and not self._authenticate(sock, peer, session):
+            return
         held = [0]  # input budget held by the read-ahead buffer
         pending: list[Any] = []  # responses not sent yet
         try:
-            self._serve_frames(sock, peer, held, pending)
+            self._serve_frames(sock, peer, held, pending, session)
         finally:
             self._budget.give(held[0])
             if pending:  # answered before the connection closes (a bad frame came next)
@@ -103,7 +136,71 @@ class KafkaServer(TcpServer):
             need -= step
         return b"".join(parts)
 
-    def _serve_frames(self, sock: socket.socket, peer: Any, held: list[int], pending: list[Any]) -> None:
+    def _authenticate(self, sock: socket.socket, peer: Any, session: SaslSession) -> bool:
+        """Serve the connection's frames, one at a time, until ``session`` has a user:
+        True; False when the connection is to close (the peer closed, a refused login
+        or request, a frame over ``SASL_MAX_RECEIVE_BYTES``, ``AUTH_TIMEOUT_S`` or
+        ``MAX_AUTH_FRAMES`` passed, the server stopping). Frames are read exactly, never
+        ahead, so nothing read here belongs to the loop that follows."""
+        old_timeout = sock.gettimeout()
+        deadline = time.monotonic() + AUTH_TIMEOUT_S
+        limit = min(SASL_MAX_RECEIVE_BYTES, self.max_frame_bytes)
+        try:
+            for _ in range(MAX_AUTH_FRAMES):
+                if session.user is not None:
+                    return True
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                head = _recv_exactly(sock, 4)
+                if head is None:
+                    return False
+                (size,) = _I32.unpack(head)
+                if size <= 0 or size > limit:
+                    self.metrics.bad_frames += 1
+                    _rate_limited.warning(
+                        "kafka-sasl-frame",
+                        "closing Kafka connection from %s: frame of %d bytes before SASL authentication is "
+                        "outside 1..%d (a client not speaking SASL, or a request sent before logging in)",
+                        peer,
+                        size,
+                        limit,
+                    )
+                    return False
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                frame = _recv_exactly(sock, size)
+                if frame is None:
+                    return False
+                try:
+                    out = self._handler.handle_auth_frame(frame, peer, session)
+                except ValueError as exc:
+                    self._close_after(sock, peer, exc)
+                    return False
+                sock.sendall(out)
+            if session.user is not None:
+                return True
+            reason = f"{MAX_AUTH_FRAMES} frames without completing SASL authentication"
+        except TimeoutError:
+            reason = f"not authenticated within {AUTH_TIMEOUT_S:g} s"
+        finally:
+            with contextlib.suppress(OSError):
+                sock.settimeout(old_timeout)
+        _rate_limited.warning("kafka-sasl-slow", "closing Kafka connection from %s: %s", peer, reason)
+        return False
+
+    def _close_after(self, sock: socket.socket, peer: Any, exc: ValueError) -> None:
+        """A request the handler refused with ``exc``: its answer (if any) is sent and the
+        connection is to close, with one rate-limited log line."""
+        response = getattr(exc, "response", None)
+        key = getattr(exc, "log_key", None)
+        if key is None:
+            self.metrics.bad_frames += 1
+        _rate_limited.warning(key or "kafka-bad-request", "closing Kafka connection from %s: %s", peer, exc)
+        if response:
+            with contextlib.suppress(OSError):
+                sock.sendall(response)
+
+    def _serve_frames(
+        self, sock: socket.socket, peer: Any, held: list[int], pending: list[Any], session: SaslSession | None
+    ) -> None:
         """Read frames ahead (up to _READ_AHEAD bytes a recv, that much taken from the
         input budget while a connection is busy; _UNBUDGETED without it), so pipelined
         requests cost one recv between them, not two. Produce responses whose next
@@ -138,7 +235,7 @@ class KafkaServer(TcpServer):
                     frame_budget = [0]
                     try:
                         frame = self._read_large_frame(sock, peer, rest, size, frame_budget)
-                        if frame is None or self._handle(sock, peer, frame, None) is None:
+                        if frame is None or self._handle(sock, peer, frame, None, session) is None:
                             return
                         del frame
                     finally:
@@ -166,7 +263,7 @@ class KafkaServer(TcpServer):
                 and nxt - 4 >= _I32.unpack_from(buf, pos)[0]
                 and buf[pos + 4 : pos + 6] == b"\0\0"
             )
-            out = self._handle(sock, peer, frame, pending if later or pending else None)
+            out = self._handle(sock, peer, frame, pending if later or pending else None, session)
             if out is None:
                 return
             pending_bytes += out
@@ -175,14 +272,18 @@ class KafkaServer(TcpServer):
                 pending.clear()
                 pending_bytes = 0
 
-    def _handle(self, sock: socket.socket, peer: Any, frame: bytes, pending: list[Any] | None) -> int | None:
+    def _handle(
+        self, sock: socket.socket, peer: Any, frame: bytes, pending: list[Any] | None, session: SaslSession | None
+    ) -> int | None:
         """Answer ``frame``: the response is appended to ``pending`` (if given) or sent.
         Returns the bytes appended, or None if the connection must close."""
         try:
-            out = self._handler.handle_frame(frame, peer)
+            out = self._handler.handle_frame(frame, peer, session)
         except ValueError as exc:
-            self.metrics.bad_frames += 1
-            _rate_limited.warning("kafka-bad-request", "closing Kafka connection from %s: %s", peer, exc)
+            if pending:  # answers due before this one's
+                _send(sock, pending)
+                pending.clear()
+            self._close_after(sock, peer, exc)
             return None
         if out is None:
             return 0
@@ -194,6 +295,17 @@ class KafkaServer(TcpServer):
             return len(out)
         pending.extend(out)
         return sum(len(b) for b in out)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    """``n`` bytes from ``sock``; None if the peer closed first."""
+    data = sock.recv(n, socket.MSG_WAITALL)
+    while len(data) < n:
+        more = sock.recv(n - len(data), socket.MSG_WAITALL)
+        if not more:
+            return None
+        data += more
+    return data
 
 
 def _send(sock: socket.socket, out: bytes | list[Any]) -> None:

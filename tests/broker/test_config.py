@@ -201,6 +201,9 @@ def test_known_keys_are_designs_list_plus_ours() -> None:
         "socket.request.max.bytes",
         "fetch.max.bytes",
         "group.initial.rebalance.delay.ms",
+        "kafka.sasl.mechanisms",
+        "kafka.sasl.users.file",
+        "kafka.allow.unauthenticated",
     }
     assert {"host", "metrics.host", "metrics.port", "busy.poll.us", *topic_keys, *kafka_keys} == OUR_KEYS
     assert KNOWN_KEYS == DESIGN_KEYS | OUR_KEYS
