@@ -66,6 +66,7 @@ buffer it is given) and may be called from any number of threads.
 
 from __future__ import annotations
 
+import importlib
 import struct
 import zlib
 from collections.abc import Sequence
@@ -778,8 +779,8 @@ _check: Any = _check_py
 _values: Any = _values_py
 #: Whether the records are checked and read by the compiled luxun._records.
 COMPILED = False
-try:
-    from . import _records as _compiled
+try:  # by name: import-linter sees no .py for it and would take it for the package luxun
+    _compiled = importlib.import_module("luxun._records")
 except ImportError:  # not built (no C compiler where luxun was installed): the Python twins
     pass
 else:

@@ -12,7 +12,7 @@ import pytest
 
 from tests._broker import BrokerProcess
 
-from ._kafka import RawClient, fetch_request, produce_request, read_partition, record_batch
+from ._kafka import RawClient, fetch_request, metadata_request, produce_request, read_partition, record_batch
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -163,6 +163,7 @@ def test_fetch_max_bytes_caps_every_answer(tmp_path: Path) -> None:
     try:
         batch = record_batch([bytes([65 + i % 26]) * 1000 for i in range(300)])  # ~300 KB
         with RawClient(broker.kafka_port) as raw:
+            raw.call(metadata_request("capped"))
             for _ in range(4):
                 (topic,) = raw.call(produce_request("capped", 0, batch)).responses
                 assert topic.partition_responses[0].error_code == 0
