@@ -31,7 +31,7 @@ from .kafka.log import KafkaLog
 from .kafka.sasl import Authenticator, UserStore
 from .kafka.server import KafkaServer
 from .metrics import Metrics, MetricsServer
-from .net import TcpServer
+from .net import OutputBudget, TcpServer
 from .retention import Maintenance
 from .thrift.server import ThriftServer
 from .thrift.service import QueueHandler
@@ -275,6 +275,9 @@ class Broker:
             groups=self.kafka_groups,
             metrics=self.metrics,
             fetch_max_bytes=config.kafka_fetch_max_bytes,
+            output_budget=OutputBudget(
+                max(config.kafka_fetch_buffer_bytes, 2 * config.kafka_fetch_max_bytes), self.metrics
+            ),
             sasl=self.sasl,
         )
         server = KafkaServer(

@@ -160,6 +160,9 @@ DEFAULT_KAFKA_REQUEST_MAX_BYTES = 104857600
 #: Most record bytes in one Fetch answer, whatever the request asks (Kafka's broker
 #: fetch.max.bytes default, 55 MiB).
 DEFAULT_KAFKA_FETCH_MAX_BYTES = 57671680
+#: Fetch answer bytes read and not sent yet, all Kafka connections together (at least
+#: twice fetch.max.bytes).
+DEFAULT_KAFKA_FETCH_BUFFER_BYTES = 256 << 20
 #: Kafka group joins wait this long for more members before the first rebalance
 #: (Kafka's default is 3000 ms; 0 here: no long initial delay).
 DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS = 0
@@ -282,6 +285,11 @@ class BrokerConfig:
     #: Most record bytes in one Kafka Fetch answer (KIP-541's broker cap).
     kafka_fetch_max_bytes: int = field(
         default=DEFAULT_KAFKA_FETCH_MAX_BYTES, metadata=_key("fetch.max.bytes", 1024, INT32_MAX, ours=True)
+    )
+    #: Fetch answers read and not sent yet, all Kafka connections together.
+    kafka_fetch_buffer_bytes: int = field(
+        default=DEFAULT_KAFKA_FETCH_BUFFER_BYTES,
+        metadata=_key("kafka.fetch.buffer.bytes", 1 << 20, 1 << 40, ours=True),
     )
     #: How long the first join of a Kafka consumer group waits for more members.
     group_initial_rebalance_delay_ms: int = field(

@@ -91,6 +91,18 @@ _SERVER_FAMILIES: Final = (
         "input_buffer_closed",
     ),
     (
+        "luxun_output_buffer_bytes",
+        "gauge",
+        "Reply bytes read for Kafka Fetch answers and not sent yet (the output budget used).",
+        "output_buffer_bytes",
+    ),
+    (
+        "luxun_output_buffer_short_total",
+        "counter",
+        "Kafka Fetch answers made smaller (or empty) because the output budget was spent.",
+        "output_buffer_short",
+    ),
+    (
         "luxun_busy_polls_total",
         "counter",
         "Times a lone connection polled for its next call (busy.poll.us).",
@@ -119,6 +131,8 @@ class Metrics:
         self.input_buffer_bytes = 0
         self.input_buffer_waits = 0
         self.input_buffer_closed = 0
+        self.output_buffer_bytes = 0
+        self.output_buffer_short = 0
         #: Busy polling (luxun.thrift.server): times a connection polled for its next call, and
         #: times the call came while it polled.
         self.busy_polls = 0

@@ -68,6 +68,7 @@ __all__ = [
     "RECEIVING",
     "BigFrame",
     "InputBudget",
+    "OutputBudget",
     "TcpServer",
     "send_frame",
     "send_parts",
@@ -195,6 +196,51 @@ class InputBudget:
     def wake_all(self) -> None:
         with self._cond:
             self._cond.notify_all()
+
+
+class OutputBudget:
+    """Bytes of replies read from storage and not sent yet, all connections of a door
+    together: at most ``limit``, but for the one batch a Kafka Fetch answer may hold past
+    what it was granted (KIP-74), so clients that ask and never read hold at most that
+    together. The first half of the budget is granted as asked; past it, a reply gets at
+    most half of what is left, so however many connections hold answers their clients do
+    not read, the next one still gets something (and at least its first batch). ``used``
+    is published as the ``output_buffer_bytes`` gauge.
+
+    Thread-safety: every method may be called from any thread.
+    """
+
+    def __init__(self, limit: int, metrics: Metrics) -> None:
+        self.limit = limit
+        self.used = 0
+        self._metrics = metrics
+        self._lock = threading.Lock()
+
+    def grant(self, want: int) -> int:
+        """Take up to ``want`` bytes, as many as are free now (0 when none are)."""
+        with self._lock:
+            free = self.limit - self.used
+            n = max(0, min(want, free if free >= self.limit // 2 else (free + 1) // 2))
+            self.used += n
+            self._metrics.output_buffer_bytes = self.used
+        if n < want:
+            self._metrics.output_buffer_short += 1
+        return n
+
+    def settle(self, granted: int, used: int) -> None:
+        """A reply granted ``granted`` bytes holds ``used``: the rest given back (or the
+        one batch over the grant taken)."""
+        if used != granted:
+            with self._lock:
+                self.used += used - granted
+                self._metrics.output_buffer_bytes = self.used
+
+    def give(self, n: int) -> None:
+        """Give back ``n`` bytes held (the reply was sent, or dropped)."""
+        if n > 0:
+            with self._lock:
+                self.used -= n
+                self._metrics.output_buffer_bytes = self.used
 
 
 class BigFrame:

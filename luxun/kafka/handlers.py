@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from ..logs import RateLimitedLog
 from ..metrics import Metrics
+from ..net import DEFAULT_MAX_BUFFERED_BYTES, OutputBudget
 from . import protocol as P
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
 from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
@@ -96,6 +97,20 @@ MAX_FETCH_WAIT_S: Final = 30.0
 _I32: Final = struct.Struct(">i")
 
 
+class HeldReply(list[Any]):
+    """A Fetch answer's buffers that hold ``held`` bytes of the output budget until
+    :meth:`release` (the server calls it once the answer is sent, or dropped)."""
+
+    def __init__(self, parts: list[Any], budget: OutputBudget, held: int) -> None:
+        super().__init__(parts)
+        self._budget = budget
+        self._held = held
+
+    def release(self) -> None:
+        held, self._held = self._held, 0
+        self._budget.give(held)
+
+
 class KafkaHandler:
     """Answers Kafka requests over ``kafka_log``.
 
@@ -120,15 +135,20 @@ class KafkaHandler:
         metrics: Metrics | None = None,
         fetch_max_bytes: int = 57671680,
         sasl: Authenticator | None = None,
+        output_budget: OutputBudget | None = None,
     ) -> None:
         self.log = kafka_log
+        self.metrics = metrics or Metrics()
         #: Most record bytes in one Fetch answer, whatever the request asks (fetch.max.bytes).
         self.fetch_max_bytes = fetch_max_bytes
+        #: Fetch answers read and not sent yet, all connections together.
+        self.output_budget = output_budget or OutputBudget(
+            max(DEFAULT_MAX_BUFFERED_BYTES, 2 * fetch_max_bytes), self.metrics
+        )
         self.node_id = node_id
         self.host = host
         self.port = port
         self.groups = groups
-        self.metrics = metrics or Metrics()
         self.sasl = sasl
         self.versions: dict[int, tuple[int, int]] = dict(VERSIONS)
         if groups is not None:
@@ -197,6 +217,9 @@ class KafkaHandler:
         if isinstance(body, bytes):
             return _I32.pack(len(head) + len(body)) + head + body
         size = len(head) + sum(len(b) for b in body)
+        if isinstance(body, HeldReply):  # keeps its hold on the output budget until sent
+            body.insert(0, _I32.pack(size) + head)
+            return body
         return [_I32.pack(size) + head, *body]
 
     def _response(self, header: P.RequestHeader, **values: Any) -> Any:
@@ -340,16 +363,42 @@ class KafkaHandler:
         max_bytes = max(0, min(asked, self.fetch_max_bytes))
         min_bytes = request.min_bytes
         wait_s = min(request.max_wait.total_seconds(), MAX_FETCH_WAIT_S)
-        results = self._fetch_once(wanted, max_bytes)
-        if wait_s > 0 and self._fetched_bytes(results) < min_bytes and not self._has_error(results):
-            until = time.monotonic() + wait_s
+        budget = self.output_budget
+        results, held = self._fetch_granted(wanted, max_bytes)
+        try:
+            if wait_s > 0 and held < min_bytes and not self._has_error(results):
+                until = time.monotonic() + wait_s
 
-            def enough() -> bool:
-                nonlocal results
-                results = self._fetch_once(wanted, max_bytes)
-                return self._fetched_bytes(results) >= min_bytes or self._has_error(results)
+                def enough() -> bool:
+                    nonlocal results, held
+                    budget.give(held)  # the answer read before is dropped
+                    held = 0
+                    results, held = self._fetch_granted(wanted, max_bytes)
+                    return held >= min_bytes or self._has_error(results)
 
-            self.log.wait([(topic, p.partition) for topic, p in wanted], until, enough)
+                self.log.wait([(topic, p.partition) for topic, p in wanted], until, enough)
+            return HeldReply(self._fetch_answer(header, wanted, results), budget, held)
+        except BaseException:
+            budget.give(held)
+            raise
+
+    def _fetch_granted(self, wanted: list[tuple[str, Any]], max_bytes: int) -> tuple[list[Any], int]:
+        """:meth:`_fetch_once` within what the output budget grants now, and the bytes it
+        read (held in the budget until the answer is sent: :class:`HeldReply`). With
+        nothing granted (clients that do not read hold it all) the answer has no records:
+        the consumer fetches again."""
+        budget = self.output_budget
+        granted = budget.grant(max_bytes)
+        try:
+            results = self._fetch_once(wanted, granted, progress=granted > 0 or max_bytes == 0)
+        except BaseException:
+            budget.give(granted)
+            raise
+        held = self._fetched_bytes(results)
+        budget.settle(granted, held)
+        return results, held
+
+    def _fetch_answer(self, header: P.RequestHeader, wanted: list[tuple[str, Any]], results: list[Any]) -> list[Any]:
         responses: dict[str, list[FetchPartition]] = {}
         for (topic, p), result in zip(wanted, results, strict=True):
             if result.error != NONE:
@@ -368,16 +417,17 @@ class KafkaHandler:
             )
         return fetch_response(header.api_version, list(responses.items()))
 
-    def _fetch_once(self, wanted: list[tuple[str, Any]], max_bytes: int) -> list[Any]:
+    def _fetch_once(self, wanted: list[tuple[str, Any]], max_bytes: int, *, progress: bool = True) -> list[Any]:
         """Each wanted partition's records within the request's ``max_bytes`` and the
         partition's ``partition_max_bytes``, by KIP-74's rule: only the first batch of the
         first partition with data may go over them (so a consumer always progresses);
         every later partition gets only whole batches that fit in what is left, none once
         the budget is spent. So an answer is at most ``max_bytes`` plus one batch, however
-        many partitions (or repeats of one partition) a Fetch names."""
+        many partitions (or repeats of one partition) a Fetch names. Without ``progress``
+        nothing goes over ``max_bytes``."""
         results = []
         left = max_bytes
-        served = False  # a partition with data answered already
+        served = not progress  # a partition with data answered already (or none may go over)
         for topic, p in wanted:
             limit = min(p.partition_max_bytes, left)
             result = self.log.fetch(topic, p.partition, p.fetch_offset, limit, at_least_one=not served)

@@ -51,6 +51,9 @@ _I32 = struct.Struct(">i")
 # read on their own (KafkaServer._read_large_frame).
 _READ_AHEAD = 64 * 1024
 _UNBUDGETED = 4096
+#: A Fetch answer the client takes no bytes of for this long closes its connection (the
+#: output budget it holds goes back; Kafka clients time a request out after 30 s).
+FETCH_SEND_TIMEOUT_S = 30.0
 # Produce responses held back at most, while more produce requests are buffered.
 _PENDING_BYTES = 256 * 1024
 #: Largest frame before authentication (Kafka's sasl.server.max.receive.size default).
@@ -288,7 +291,25 @@ class KafkaServer(TcpServer):
         if out is None:
             return 0
         if pending is None:
-            _send(sock, out)
+            release = getattr(out, "release", None)  # a Fetch answer: it holds output budget
+            if release is None:
+                _send(sock, out)
+                return 0
+            try:  # a client that does not take its answer in time is let go, and its budget with it
+                sock.settimeout(FETCH_SEND_TIMEOUT_S)
+                _send(sock, out)
+                sock.settimeout(None)
+            except TimeoutError:
+                _rate_limited.warning(
+                    "kafka-send-timeout",
+                    "closing Kafka connection from %s: it took no bytes of a %d-byte Fetch answer for %g s",
+                    peer,
+                    sum(map(len, out)) if isinstance(out, list) else len(out),
+                    FETCH_SEND_TIMEOUT_S,
+                )
+                return None
+            finally:
+                release()
             return 0
         if isinstance(out, bytes):
             pending.append(out)

@@ -200,6 +200,7 @@ def test_known_keys_are_designs_list_plus_ours() -> None:
         "message.max.bytes",
         "socket.request.max.bytes",
         "fetch.max.bytes",
+        "kafka.fetch.buffer.bytes",
         "group.initial.rebalance.delay.ms",
         "kafka.sasl.mechanisms",
         "kafka.sasl.users.file",

@@ -16,6 +16,8 @@ from ._kafka import RawClient, fetch_request, metadata_request, produce_request,
 
 pytestmark = pytest.mark.timeout(90)
 
+MiB = 1 << 20
+
 
 def _produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -> None:
     from confluent_kafka import Producer
@@ -171,5 +173,66 @@ def test_fetch_max_bytes_caps_every_answer(tmp_path: Path) -> None:
         # A client asking for much more still reads everything, 300 KB at a time.
         got = read_partition(broker.bootstrap, "capped", 0, 1200)
         assert [m.offset() for m in got] == list(range(1200))
+    finally:
+        broker.stop()
+
+
+def _metric(broker: BrokerProcess, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} is not on the metrics page")
+
+
+def test_clients_that_never_read_hold_at_most_the_output_budget(tmp_path: Path) -> None:
+    """Six connections pipeline Fetches of 1 MiB and never read (a 4 KiB receive window):
+    the answers the broker holds for them stay within kafka.fetch.buffer.bytes (2 MiB) and
+    one batch each (before, each held its answers whatever their number: 4 such clients
+    held 1.7 GB), a healthy consumer still reads everything meanwhile, and the budget
+    comes back when they go."""
+    import socket
+
+    from ._kafka import encode_request
+
+    props = tmp_path / "server.properties"
+    props.write_text("fetch.max.bytes=1048576\nkafka.fetch.buffer.bytes=2097152\n")
+    broker = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", "--config", str(props), kafka=True, metrics=True
+    ).start()
+    stuck: list[socket.socket] = []
+    try:
+        batch = record_batch([bytes([65 + i % 26]) * 1000 for i in range(100)])  # ~100 KB
+        with RawClient(broker.kafka_port) as raw:
+            raw.call(metadata_request("unread"))
+            for _ in range(40):
+                (topic,) = raw.call(produce_request("unread", 0, batch)).responses
+                assert topic.partition_responses[0].error_code == 0
+        fetch = fetch_request([("unread", 0)], 1 << 20)
+        for _ in range(6):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", broker.kafka_port))
+            s.sendall(b"".join(encode_request(fetch, k) for k in range(40)))
+            stuck.append(s)
+        deadline = time.monotonic() + 15
+        while _metric(broker, "luxun_output_buffer_short_total") == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _metric(broker, "luxun_output_buffer_short_total") > 0, "the budget was never spent"
+        assert _metric(broker, "luxun_output_buffer_bytes") <= 2 * MiB + 6 * len(batch)
+        got = read_partition(broker.bootstrap, "unread", 0, 4000)
+        assert [m.offset() for m in got] == list(range(4000))
+        assert _metric(broker, "luxun_output_buffer_bytes") <= 2 * MiB + 6 * len(batch)
+    finally:
+        for s in stuck:
+            s.close()
+    try:
+        deadline = time.monotonic() + 15
+        while _metric(broker, "luxun_output_buffer_bytes") > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _metric(broker, "luxun_output_buffer_bytes") == 0
+        assert "Traceback" not in broker.log()
     finally:
         broker.stop()
