@@ -198,6 +198,7 @@ class Broker:
             auto_create=config.auto_create_topics,
             flush_count=config.flush_count,
         )
+        self.metrics.topic_manager = self.topics
         try:
             self.handler = QueueHandler(
                 self.topics,

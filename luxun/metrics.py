@@ -144,6 +144,9 @@ class Metrics:
         #: The Kafka port's group coordinator (``luxun.kafka.groups.GroupCoordinator``)
         #: when the broker runs one: its ``group_states()`` and ``rebalances_total``.
         self.kafka_groups: Any = None
+        #: The broker's topic manager (``luxun.topics.TopicManager``): its topics open now,
+        #: ``max_open_topics``, ``opens_total`` and ``lru_closes_total``.
+        self.topic_manager: Any = None
 
     def count_kafka_request(self, api_key: int, version: int) -> None:
         key = (api_key, version)
@@ -210,6 +213,21 @@ class Metrics:
                 out.append(f'luxun_kafka_groups{{state="{state}"}} {n}')
             family("luxun_kafka_group_rebalances_total", "counter", "Kafka group rebalances completed (generations).")
             out.append(f"luxun_kafka_group_rebalances_total {self.kafka_groups.rebalances_total}")
+
+        manager = self.topic_manager
+        if manager is not None:
+            family("luxun_topics_open", "gauge", "Topics (Kafka partitions included) open now.")
+            out.append(f"luxun_topics_open {manager.open_count()}")
+            family("luxun_topics_open_limit", "gauge", "Most topics kept open at once (max.open.topics).")
+            out.append(f"luxun_topics_open_limit {manager.max_open_topics}")
+            family("luxun_topic_opens_total", "counter", "Topics opened from their files (created or reopened).")
+            out.append(f"luxun_topic_opens_total {manager.opens_total}")
+            family(
+                "luxun_topic_lru_closes_total",
+                "counter",
+                "Topics closed to make room for another (max.open.topics): reopened on their next use.",
+            )
+            out.append(f"luxun_topic_lru_closes_total {manager.lru_closes_total}")
 
         rows = [_topic_row(t) for t in topics]
         per_topic = (

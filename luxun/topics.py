@@ -273,6 +273,11 @@ class TopicManager:
         #: Names being created, opened, closed or deleted by some thread.
         self._busy: dict[str, threading.Event] = {}
         self._creating = 0
+        #: Topics opened from their files (created, or reopened), and topics closed to
+        #: make room (``luxun_topic_opens_total``, ``luxun_topic_lru_closes_total``):
+        #: their growth under a steady load is the open-topic LRU thrashing.
+        self.opens_total = 0
+        self.lru_closes_total = 0
         self._closed = False
         self._trash_threads: list[threading.Thread] = []
         # Anyone waiting for a topic that does not exist yet waits here.
@@ -380,6 +385,7 @@ class TopicManager:
                 topic.queue = queue
                 topic.used = True
             self._open[name] = topic
+            self.opens_total += 1
         log.debug("opened topic %r: %d items (indexes %d..%d)", name, queue.size(), queue.tail, queue.head)
         return topic
 
@@ -555,6 +561,7 @@ class TopicManager:
         topic = Topic(name, queue)
         with self._lock:
             self._known[name] = topic
+            self.opens_total += 1
             if not self._closed:
                 self._open[name] = topic
         if self._closed:  # shut down meanwhile: the items are in, the topic stays closed
@@ -597,6 +604,7 @@ class TopicManager:
                     continue
                 busy = self._busy[name] = threading.Event()
                 victims.append((topic, busy))
+            self.lru_closes_total += len(victims)
         if len(victims) < excess:
             _limited.warning(
                 "open-limit", "more than max.open.topics=%d topics are in use at once", self.max_open_topics
@@ -701,6 +709,10 @@ class TopicManager:
     def count(self) -> int:
         """How many topics exist."""
         return len(self._known)
+
+    def open_count(self) -> int:
+        """How many topics are open now."""
+        return len(self._open)
 
     def __iter__(self) -> Iterator[Topic]:
         return iter(self.topics())
