@@ -35,7 +35,7 @@ from .net import OutputBudget, TcpServer
 from .retention import Maintenance
 from .thrift.server import ThriftServer
 from .thrift.service import QueueHandler
-from .topics import TopicManager
+from .topics import AUTO_MAX_OPEN_TOPICS, FDS_PER_OPEN_TOPIC_WORST, FDS_RESERVED, TopicManager
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +135,6 @@ def _password_check(config: BrokerConfig) -> Callable[[str], bool]:
     return check
 
 
-#: File descriptors an open topic may hold (CPython's mmap keeps one per mapped page):
-#: its directory lock and meta page, up to 4 cached index and 4 data pages plus the
-#: writer's two, and a group's position. Measured: about 5 for a topic being written
-#: and read by one group (506 with 100 topics open, tests/broker/test_topic_limits.py).
-FDS_PER_OPEN_TOPIC_WORST = 13
-#: Descriptors kept for connections, the listener and the rest of the process.
-FDS_RESERVED = 256
-
-
 def raise_fd_limit() -> tuple[int, int]:
     """Raise the soft limit of open file descriptors to the hard limit (logged);
     ``(old soft, new soft)``. Topics, mapped pages and connections each take one."""
@@ -179,17 +170,18 @@ class Broker:
             self.sasl = Authenticator(config.kafka_sasl_mechanisms, UserStore(config.kafka_sasl_users_file))
         self.metrics = Metrics()
         _, fd_limit = raise_fd_limit()
-        worst = config.max_open_topics * FDS_PER_OPEN_TOPIC_WORST + FDS_RESERVED
-        if worst > fd_limit:
-            log.warning(
-                "max.open.topics=%d: open topics may need up to %d file descriptors (%d each at most, "
-                "about 5 usually) plus connections, over the limit of %d; lower max.open.topics if "
-                "calls fail with 'Too many open files'",
-                config.max_open_topics,
-                config.max_open_topics * FDS_PER_OPEN_TOPIC_WORST,
-                FDS_PER_OPEN_TOPIC_WORST,
-                fd_limit,
-            )
+        if config.max_open_topics:
+            worst = config.max_open_topics * FDS_PER_OPEN_TOPIC_WORST + FDS_RESERVED
+            if worst > fd_limit:
+                log.warning(
+                    "max.open.topics=%d: open topics may need up to %d file descriptors (%d each at most, "
+                    "about 5 usually) plus connections, over the limit of %d; lower max.open.topics (or "
+                    "leave it unset: sized from the limit) if calls fail with 'Too many open files'",
+                    config.max_open_topics,
+                    config.max_open_topics * FDS_PER_OPEN_TOPIC_WORST,
+                    FDS_PER_OPEN_TOPIC_WORST,
+                    fd_limit,
+                )
         self.topics = TopicManager(
             config.data_dir,
             data_page_size_bytes=config.data_page_size_bytes,
@@ -199,6 +191,14 @@ class Broker:
             flush_count=config.flush_count,
         )
         self.metrics.topic_manager = self.topics
+        if not config.max_open_topics:
+            log.info(
+                "max.open.topics: %d (sized from the file descriptor limit %d and vm.max_map_count, "
+                "at most %d; each Kafka partition is a topic)",
+                self.topics.max_open_topics,
+                fd_limit,
+                AUTO_MAX_OPEN_TOPICS,
+            )
         try:
             self.handler = QueueHandler(
                 self.topics,

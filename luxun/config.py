@@ -34,7 +34,7 @@ key                                        field                         default
 ``metrics.port`` (ours)                    ``metrics_port``              9093 (0 = off)
 ``auto.create.topics.enable`` (ours)       ``auto_create_topics``        true
 ``max.topics`` (ours)                      ``max_topics``                0 (no limit)
-``max.open.topics`` (ours)                 ``max_open_topics``           100
+``max.open.topics`` (ours)                 ``max_open_topics``           0 (sized from the limits)
 ``busy.poll.us`` (ours)                    ``busy_poll_us``              200 (0 = never)
 ``kafka.sasl.mechanisms`` (ours)           ``kafka_sasl_mechanisms``     none (SASL off)
 ``kafka.sasl.users.file`` (ours)           ``kafka_sasl_users_file``     none
@@ -140,10 +140,11 @@ DEFAULT_AUTO_CREATE_TOPICS = True
 #: Most topics the broker holds; 0: no limit. One more answers INTERNAL_ERROR naming
 #: the limit (the IDL has no better code).
 DEFAULT_MAX_TOPICS = 0
-#: Topics kept open at once (least recently used ones are closed and reopened on use).
-#: An open topic costs about 5 file descriptors, so 100 fit a 1,024 limit with room
-#: for ~400 connections.
-DEFAULT_MAX_OPEN_TOPICS = 100
+#: Topics kept open at once (least recently used ones are closed and reopened on use);
+#: 0: as many as the descriptor and mapping limits hold at an open topic's worst cost,
+#: at most 1,000 (``luxun.topics.open_topics_limit``): 1,000 under the usual raised
+#: descriptor limits, 59 under a 1,024 one. Each Kafka partition is a topic.
+DEFAULT_MAX_OPEN_TOPICS = 0
 #: Microseconds a lone connection polls for its next call before it sleeps (luxun.thrift.server).
 DEFAULT_BUSY_POLL_US = 200
 #: The Kafka-protocol port (0: off, the default: the Thrift port is Kafka's usual 9092).
@@ -254,9 +255,10 @@ class BrokerConfig:
     )
     #: Most topics this broker holds (0: no limit).
     max_topics: int = field(default=DEFAULT_MAX_TOPICS, metadata=_key("max.topics", 0, INT32_MAX, ours=True))
-    #: Topics kept open at once (least recently used ones are closed, reopened on use).
+    #: Topics kept open at once (least recently used ones are closed, reopened on use);
+    #: 0: sized from the process's descriptor and mapping limits.
     max_open_topics: int = field(
-        default=DEFAULT_MAX_OPEN_TOPICS, metadata=_key("max.open.topics", 1, INT32_MAX, ours=True)
+        default=DEFAULT_MAX_OPEN_TOPICS, metadata=_key("max.open.topics", 0, INT32_MAX, ours=True)
     )
     #: After answering, a connection that has been the only one receiving polls its socket
     #: this long before it sleeps (0: never): see luxun.thrift.server, "Busy polling".

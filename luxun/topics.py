@@ -10,12 +10,25 @@ Lifecycle of a topic:
   first use. A restart therefore never needs every topic open at once.
 * **Open topics are bounded** (``max_open_topics``): opening one more closes the least
   recently used ones (a CLOCK sweep: a topic used since the last sweep gets a second
-  chance). A topic with a waiting long poll is never closed; a call that still holds a
-  topic closed under it sees ``ArrayClosedError`` and the service retries it once on
-  the reopened topic (nothing was appended or moved by the failed attempt). A topic's
-  items, group positions and counters survive close and reopen. An open topic costs
-  about 5 file descriptors (the directory lock, the meta page, one per group and the
-  index and data pages in use; CPython's ``mmap`` keeps a descriptor per mapping).
+  chance). A topic with a waiting Thrift long poll is never closed (a Kafka Fetch
+  watches its partitions without holding them open: :meth:`TopicManager.watch`); a
+  call that still holds a topic closed under it sees ``ArrayClosedError`` and the
+  service retries it once on the reopened topic (nothing was appended or moved by the
+  failed attempt). A topic's items, group positions and counters survive close and
+  reopen, and so do its record offsets (:meth:`TopicManager.idle_offsets`: a Kafka
+  consumer that has read all of a closed partition is answered without reopening it).
+* **What the bound protects**: an open topic holds file descriptors and mappings (the
+  directory lock, the meta page, the index and data pages in use, cached ones, a page
+  per group; CPython's ``mmap`` keeps a descriptor per mapping). Measured idle, read
+  and written: 4 descriptors, 3 mappings and about 270 KiB resident (the head data
+  page's first reserved step, mapped); at most :data:`FDS_PER_OPEN_TOPIC_WORST`
+  descriptors and :data:`MAPS_PER_OPEN_TOPIC_WORST` mappings. ``max_open_topics=0``
+  (the default) sizes the bound from what the process may hold
+  (:func:`open_topics_limit`: ``RLIMIT_NOFILE`` and ``vm.max_map_count`` at the worst
+  cost, at most :data:`AUTO_MAX_OPEN_TOPICS`), so each Kafka partition (a topic of its
+  own) of a few hundred stays open under a steady consumer instead of being closed and
+  reopened on every Fetch; running out of descriptors anyway is an error of the one
+  call (:class:`TopicStorageError`, a Kafka storage error), never of the broker.
 * **Creation** (by produce, :meth:`TopicManager.create_and_append`) opens the new
   topic *and appends its first items* before anyone can see it: a consumer asking
   meanwhile waits for the creation to finish, so a topic is never visible empty
@@ -54,6 +67,7 @@ import errno
 import fcntl
 import logging
 import os
+import resource
 import shutil
 import struct
 import threading
@@ -84,6 +98,45 @@ _BUSY_WAIT_S = 30.0
 _HEAD_TAIL = struct.Struct(">qq")
 _I64 = struct.Struct(">q")
 _INDEX_ITEM = struct.Struct(fmt.INDEX_ITEM_STRUCT)
+
+
+#: File descriptors an open topic may hold (CPython's mmap keeps one per mapped page):
+#: its directory lock and meta page, up to 4 cached index and 4 data pages plus the
+#: writer's two, and a group's position. Measured: 4 for a topic written and read
+#: (tests/broker/test_topic_limits.py), about 5 with a consumer group.
+FDS_PER_OPEN_TOPIC_WORST = 13
+#: Descriptors kept for connections, the listener and the rest of the process.
+FDS_RESERVED = 256
+#: Mappings an open topic may hold (the kernel's ``vm.max_map_count`` bounds a process's
+#: mappings; one more mmap then fails with ENOMEM): the pages above, one each.
+MAPS_PER_OPEN_TOPIC_WORST = 13
+#: Mappings kept for the interpreter, its libraries and thread stacks.
+MAPS_RESERVED = 8192
+#: Most topics kept open when ``max.open.topics`` is not set, whatever the limits allow:
+#: an idle open topic keeps about 270 KiB of its head data page resident (file-backed
+#: page cache, reclaimable), so at most ~270 MiB.
+AUTO_MAX_OPEN_TOPICS = 1000
+_MAX_MAP_COUNT = "/proc/sys/vm/max_map_count"
+
+
+def open_topics_limit(fd_limit: int | None = None, max_map_count: int | None = None) -> int:
+    """``max.open.topics`` when it is not set (0): how many topics the process may keep
+    open at their worst cost, :data:`FDS_PER_OPEN_TOPIC_WORST` descriptors and
+    :data:`MAPS_PER_OPEN_TOPIC_WORST` mappings each, within ``fd_limit`` (default: the
+    soft ``RLIMIT_NOFILE`` now) less :data:`FDS_RESERVED` and ``max_map_count`` (default:
+    ``vm.max_map_count``, 65530 if unreadable) less :data:`MAPS_RESERVED`; at most
+    :data:`AUTO_MAX_OPEN_TOPICS`, at least 1."""
+    if fd_limit is None:
+        fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if fd_limit < 0:  # RLIM_INFINITY
+        fd_limit = 1 << 30
+    if max_map_count is None:
+        max_map_count = 65530
+        with contextlib.suppress(OSError, ValueError), open(_MAX_MAP_COUNT, encoding="ascii") as f:
+            max_map_count = int(f.read())
+    by_fds = (fd_limit - FDS_RESERVED) // FDS_PER_OPEN_TOPIC_WORST
+    by_maps = (max_map_count - MAPS_RESERVED) // MAPS_PER_OPEN_TOPIC_WORST
+    return max(1, min(by_fds, by_maps, AUTO_MAX_OPEN_TOPICS))
 
 
 class TopicLimitError(RuntimeError):
@@ -123,40 +176,42 @@ class Topic:
     open queue, or the last one, closed, while the topic is not open.
     """
 
-    __slots__ = ("cond", "deleted", "name", "queue", "stats", "used", "waiters", "watchers")
+    __slots__ = ("cond", "deleted", "idle", "name", "queue", "stats", "used", "waiters", "watchers")
 
     def __init__(self, name: str, queue: FanoutQueue) -> None:
         self.name = name
         self.queue = queue
         self.stats = TopicStats()
         self.cond = threading.Condition(threading.Lock())
+        #: Consumers waiting on ``cond`` (a topic they wait on is not closed to make room).
         self.waiters = 0
         self.used = True
         self.deleted = False
+        #: ``(log_start_offset, next_offset)`` while the topic is closed to make room
+        #: (they cannot change before it is reopened), else None.
+        self.idle: tuple[int, int] | None = None
         #: Events set on every append: waiters watching several topics at once (a
-        #: Kafka fetch of several partitions). Each also counts in ``waiters``.
+        #: Kafka fetch of several partitions). They do not keep the topic open: the
+        #: object outlives a close, and an append reopens the topic and sets them.
         self.watchers: set[threading.Event] = set()
 
     def notify(self) -> None:
         """Wake the consumers waiting for new items (cheap when nobody waits)."""
-        if self.waiters:
+        if self.waiters or self.watchers:
             with self.cond:
                 self.cond.notify_all()
                 for event in self.watchers:
                     event.set()
 
     def watch(self, event: threading.Event) -> None:
-        """Set ``event`` on every append until :meth:`unwatch` (the topic is not
-        closed to make room meanwhile)."""
+        """Set ``event`` on every append until :meth:`unwatch` (closed to make room
+        meanwhile or not)."""
         with self.cond:
             self.watchers.add(event)
-            self.waiters += 1
 
     def unwatch(self, event: threading.Event) -> None:
         with self.cond:
-            if event in self.watchers:
-                self.watchers.discard(event)
-                self.waiters -= 1
+            self.watchers.discard(event)
 
 
 class QueueSnapshot:
@@ -236,7 +291,8 @@ class TopicManager:
         data_page_size_bytes: data page size for new topics.
         max_cached_pages: idle pages kept mapped per topic folder.
         max_open_topics: topics kept open at once (least recently used ones are
-            closed beyond it; topics with waiting consumers may exceed it).
+            closed beyond it; topics with waiting Thrift consumers may exceed it);
+            0: sized from the process's limits (:func:`open_topics_limit`).
         max_topics: most topics that may exist; 0: no limit.
         auto_create: create a topic on its first produce (else produce to an unknown
             topic fails with :class:`TopicAutoCreateDisabledError`).
@@ -260,7 +316,8 @@ class TopicManager:
         self._delete_listeners: list[Callable[[str], None]] = []
         self._page_size = data_page_size_bytes
         self._max_cached_pages = max_cached_pages
-        self.max_open_topics = max(1, max_open_topics)
+        #: The bound in force (``max_open_topics``, or what 0 was sized to).
+        self.max_open_topics = max_open_topics if max_open_topics > 0 else open_topics_limit()
         self.max_topics = max_topics
         self.auto_create = auto_create
         self._lock = threading.Lock()
@@ -384,6 +441,7 @@ class TopicManager:
             else:
                 topic.queue = queue
                 topic.used = True
+                topic.idle = None
             self._open[name] = topic
             self.opens_total += 1
         log.debug("opened topic %r: %d items (indexes %d..%d)", name, queue.size(), queue.tail, queue.head)
@@ -611,7 +669,13 @@ class TopicManager:
             )
         for topic, busy in victims:
             try:
-                topic.queue.close()
+                queue = topic.queue
+                start: int | None = None
+                with contextlib.suppress(Exception):  # (then the next read reopens the topic)
+                    start = queue.array.log_start_offset  # reads the index: before closing
+                queue.close()  # appends in flight finish first: next_offset is final after it
+                if start is not None:
+                    topic.idle = (start, queue.array.next_offset)
                 view = TopicView(topic.name, topic.stats, QueueSnapshot(topic.queue.path))
                 with self._lock:
                     self._snapshots[topic.name] = view
@@ -740,7 +804,33 @@ class TopicManager:
             out.append(view)
         return out
 
+    def idle_offsets(self, name: str) -> tuple[int, int] | None:
+        """``(log_start_offset, next_offset)`` of topic ``name`` if it was closed to make
+        room and is not open now (nothing was appended since: an append reopens it), else
+        None. Lets a reader that is at the end see so without reopening the topic."""
+        topic = self._known.get(name)
+        if topic is None or name in self._open:
+            return None
+        return topic.idle
+
     # -- long polls --------------------------------------------------------------------
+    def watch(self, name: str, event: threading.Event) -> Topic | None:
+        """Set ``event`` on every append to topic ``name`` until ``unwatch(event)`` on
+        the topic returned (None: no such topic). The topic is opened only if it was
+        never opened since the start; it is not kept open (unlike :meth:`wait_for`), so a
+        Fetch of many partitions does not hold them all open while it waits.
+
+        Raises:
+            OSError: the topic could not be opened (e.g. too many open files).
+        """
+        topic = self._known.get(name)
+        if topic is None:
+            topic = self.open(name)
+            if topic is None:
+                return None
+        topic.watch(event)
+        return topic
+
     def wait_for(self, name: str, ready: Callable[[Topic | None], bool], timeout_s: float) -> Topic | None:
         """Wait up to ``timeout_s`` until ``ready(topic)`` is true; return the topic
         (None if it does not exist or was deleted).
@@ -853,7 +943,12 @@ def is_fd_exhaustion(exc: BaseException) -> bool:
 
 
 __all__ = [
+    "AUTO_MAX_OPEN_TOPICS",
+    "FDS_PER_OPEN_TOPIC_WORST",
+    "FDS_RESERVED",
     "LOCK_FILE",
+    "MAPS_PER_OPEN_TOPIC_WORST",
+    "MAPS_RESERVED",
     "RESERVED_PREFIX",
     "TRASH_PREFIX",
     "DataDirLockedError",
@@ -866,5 +961,6 @@ __all__ = [
     "TopicView",
     "UnknownTopicError",
     "is_fd_exhaustion",
+    "open_topics_limit",
     "validate_topic",
 ]

@@ -44,12 +44,14 @@ import numpy as np
 from bigarray import ArrayClosedError, InvalidNameError, ItemTooLargeError
 
 from .. import records as rec
+from ..logs import RateLimitedLog
 from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
 from ..topics import Topic, TopicLimitError, TopicManager, TopicStorageError, UnknownTopicError
 
 __all__ = ["FetchResult", "KafkaLog", "ProduceResult", "TopicInfo", "legal_topic_name"]
 
 log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
 
 SETTINGS_FILE: Final = "kafka.json"
 _TOPIC_ID_NAMESPACE: Final = uuid.UUID("6c757875-6e2d-6b61-666b-612d746f7069")
@@ -438,14 +440,31 @@ class KafkaLog:
         ``at_least_one`` (KIP-74's first non-empty partition of a Fetch), else only
         batches that fit (none when the first does not)."""
         for _attempt in range(3):
-            part = self._partition(topic, partition)
-            if part is None:
-                return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+            idle = self._idle_end(topic, partition, offset)
+            if idle is not None:
+                return idle
             try:
+                part = self._partition(topic, partition)
+                if part is None:
+                    return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
                 return self._read(part, offset, max_bytes, at_least_one)
             except ArrayClosedError:
                 continue
+            except OSError as exc:  # e.g. too many open files: this partition's error, not the connection's
+                _limited.error("fetch-storage", "Kafka fetch of %s-%d failed: %s", topic, partition, exc)
+                return FetchResult(error=KAFKA_STORAGE_ERROR)
         return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+
+    def _idle_end(self, topic: str, partition: int, offset: int) -> FetchResult | None:
+        """The empty answer to a read at the end of a partition that is closed to make
+        room (max.open.topics), without reopening it; None for any other read."""
+        ends = self.topics.idle_offsets(partition_topic(topic, partition)) if partition >= 0 else None
+        if ends is None or offset != ends[1]:
+            return None
+        info = self.describe(topic)
+        if info is None or partition >= info.partitions:
+            return None
+        return FetchResult(high_watermark=ends[1], log_start_offset=ends[0], records=b"")
 
     def _read(self, part: Topic, offset: int, max_bytes: int, at_least_one: bool) -> FetchResult:
         array = part.queue
@@ -533,9 +552,15 @@ class KafkaLog:
         watched: list[Topic] = []
         try:
             for topic, p in partitions:
-                part = self._partition(topic, p)
+                info = self.describe(topic)
+                if info is None or not 0 <= p < info.partitions:
+                    continue
+                try:  # without holding the partition open (max.open.topics)
+                    part = self.topics.watch(partition_topic(topic, p), event)
+                except OSError as exc:
+                    _limited.error("fetch-watch", "Kafka fetch of %s-%d cannot wait: %s", topic, p, exc)
+                    continue
                 if part is not None:
-                    part.watch(event)
                     watched.append(part)
             while not enough():
                 left = until - time.monotonic()

@@ -95,7 +95,8 @@ def test_two_thousand_topics_under_a_1024_descriptor_limit(tmp_path: Path) -> No
         log = broker.log()
         assert "[Errno 24]" not in log  # EMFILE
         assert "Traceback" not in log
-        assert "lower max.open.topics if calls fail" in log  # the start-up warning at this limit
+        # max.open.topics unset: sized from the limit, (1024 - 256) // 13 topics
+        assert "max.open.topics: 59 (sized from the file descriptor limit 1024" in log
         print(f"most descriptors open in the broker: {most_fds} (limit 1024)")
     finally:
         broker.stop()
@@ -211,7 +212,7 @@ def test_max_topics_refuses_one_more_with_a_clear_error(broker_factory: Any, tmp
     [
         ("auto.create.topics.enable", "yes"),
         ("max.topics", "-1"),
-        ("max.open.topics", "0"),
+        ("max.open.topics", "-1"),
         ("max.open.topics", "many"),
     ],
 )
@@ -226,7 +227,7 @@ def test_topic_limit_keys_parse() -> None:
     )
     assert (config.auto_create_topics, config.max_topics, config.max_open_topics) == (False, 10, 7)
     default = BrokerConfig()
-    assert (default.auto_create_topics, default.max_topics, default.max_open_topics) == (True, 0, 100)
+    assert (default.auto_create_topics, default.max_topics, default.max_open_topics) == (True, 0, 0)  # 0: sized
 
 
 def test_metrics_show_topics_that_are_not_open(broker_factory: Any, tmp_path: Path) -> None:
