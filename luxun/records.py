@@ -91,6 +91,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "HEADER_SIZE",
     "MAGIC_OFFSET",
+    "MAX_TIMESTAMP_OFFSET",
     "INVALID_RECORD",
     "INVALID_TIMESTAMP",
     "LOG_OVERHEAD",
@@ -120,6 +121,8 @@ _CRC_OFFSET: Final = 17
 _ATTRIBUTES_OFFSET: Final = 21  # the crc covers the batch from here on
 _MAX_TIMESTAMP_OFFSET: Final = 35
 MAGIC_OFFSET: Final = 16
+#: Where maxTimestamp is in a batch (the time index reads it from stored batches).
+MAX_TIMESTAMP_OFFSET: Final = _MAX_TIMESTAMP_OFFSET
 
 # Everything after baseOffset: batchLength .. recordCount.
 _HEADER: Final = struct.Struct(">iibIhiqqqhii")

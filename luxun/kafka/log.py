@@ -9,6 +9,13 @@ items holding the asked offset onwards and writes each batch's base offset into 
 reply (the stored bytes are never rewritten); items written by Thrift clients (one
 record each) are served as record batches built on the fly.
 
+Time: records keep the timestamps their producer gave (CreateTime; a LogAppendTime
+topic's batches are restamped with the append time before they are stored), and
+ListOffsets by time answers as Kafka's broker does: the first offset whose record
+timestamp is at or after the target, with that record's timestamp, found through the
+partition's time index (:mod:`.timeindex`), which each produce extends by its
+batches' max timestamps under the partition's lock.
+
 A topic's Kafka settings live in ``kafka.json`` in the directory of its partition 0
 (``partitions``, ``topic_id``, ``timestamp_type``); a luxun topic without one is a
 one-partition topic with CreateTime and a topic id derived from its name. Java
@@ -25,7 +32,6 @@ Thread-safety: every method may be called from any thread.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import contextlib
 import json
@@ -41,12 +47,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from bigarray import ArrayClosedError, InvalidNameError, ItemTooLargeError
+from bigarray import ArrayClosedError, IndexOutOfRangeError, InvalidNameError, ItemTooLargeError
 
 from .. import records as rec
 from ..logs import RateLimitedLog
 from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
 from ..topics import Topic, TopicLimitError, TopicManager, TopicStorageError, UnknownTopicError
+from .timeindex import TimeIndex
 
 __all__ = ["FetchResult", "KafkaLog", "ProduceResult", "TopicInfo", "legal_topic_name"]
 
@@ -107,6 +114,8 @@ class _PartitionState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     producers: dict[int, _ProducerState] = field(default_factory=dict)
     rebuilt: bool = False
+    #: The partition's time index, once used (under ``lock``).
+    times: TimeIndex | None = None
 
 
 @dataclass
@@ -368,6 +377,7 @@ class KafkaLog:
         # never creates a partition: CreateTopics and auto-creation do (self.create).
         part, first = self.topics.append(part.name, items, counts, KIND_KAFKA_BATCH, create=False, call="Kafka produce")
         queue = part.queue
+        self._index_times(part.name, state, queue, first, [now if log_append else b.max_timestamp for b in batches])
         base = queue.first_offset(first)
         offset = base
         for b in batches:
@@ -379,6 +389,26 @@ class KafkaLog:
         return ProduceResult(
             base_offset=base, log_append_time=now if log_append else -1, log_start_offset=queue.log_start_offset
         )
+
+    @staticmethod
+    def _times(state: _PartitionState, queue: Any) -> TimeIndex:
+        """The partition's time index (``state.lock`` held)."""
+        if state.times is None:
+            state.times = TimeIndex(queue.path)
+        return state.times
+
+    def _index_times(
+        self, name: str, state: _PartitionState, queue: Any, first: int, timestamps: Sequence[int]
+    ) -> None:
+        """Extend the time index by the items just stored (``state.lock`` held). Never
+        fails the produce: the batches are stored; an index not written is loaded and
+        mended at its next use."""
+        times = self._times(state, queue)
+        try:
+            times.add(queue, first, timestamps)
+        except Exception as exc:
+            times.invalidate()
+            _limited.warning("time-index", "time index of %r not extended: %s: %s", name, type(exc).__name__, exc)
 
     @staticmethod
     def _check_sequences(state: _PartitionState, batches: Sequence[Any]) -> ProduceResult | None:
@@ -523,26 +553,69 @@ class KafkaLog:
         return b"".join(parts)
 
     def list_offset(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
-        """``(error, offset, timestamp)`` for ListOffsets: -1 latest, -2 earliest,
-        -3 the record with the largest timestamp, else the first item appended at or
-        after ``timestamp`` (by the broker's append time), -1 if none."""
-        part = self._partition(topic, partition)
-        if part is None:
-            return UNKNOWN_TOPIC_OR_PARTITION, -1, -1
-        array = part.queue
+        """``(error, offset, timestamp)`` for ListOffsets, as Kafka's broker answers: -1
+        latest, -2 earliest (timestamp -1), -3 the record with the largest timestamp
+        (KIP-734: the first such), else the first record whose timestamp is >= the
+        target, with its timestamp; offset and timestamp -1 if there is none.
+
+        A record's timestamp is its CreateTime, or in a LogAppendTime topic its batch's
+        append time; a Thrift-written item's is its append time (see :mod:`.timeindex`).
+        """
+        for _attempt in range(3):
+            part = self._partition(topic, partition)
+            if part is None:
+                return UNKNOWN_TOPIC_OR_PARTITION, -1, -1
+            try:
+                return self._list_offset(part, timestamp)
+            except (ArrayClosedError, IndexOutOfRangeError):
+                continue  # closed to make room, or retention took the item found: look again
+        return UNKNOWN_TOPIC_OR_PARTITION, -1, -1
+
+    def _list_offset(self, part: Topic, timestamp: int) -> tuple[int, int, int]:
+        queue = part.queue
         if timestamp == -1:
-            return NONE, array.next_offset, -1
+            return NONE, queue.next_offset, -1
         if timestamp == -2:
-            return NONE, array.log_start_offset, -1
-        tail, head = array.tail, array.head
-        if tail == head:
+            return NONE, queue.log_start_offset, -1
+        state = self._state(part.name)
+        with state.lock:  # the index is read and extended by produce under this lock
+            times = self._times(state, queue)
+            try:
+                times.catch_up(queue)
+                target = times.max_timestamp(queue) if timestamp == -3 else timestamp
+                index = None if target is None else times.find(queue, target)
+            except (ArrayClosedError, IndexOutOfRangeError):
+                times.invalidate()
+                raise
+            except OSError as exc:
+                times.invalidate()
+                _limited.warning("time-index", "time index of %r unusable: %s", part.name, exc)
+                return KAFKA_STORAGE_ERROR, -1, -1
+        if index is None or target is None:
             return NONE, -1, -1
-        if timestamp == -3:
-            return NONE, array.first_offset(head - 1), array.timestamp(head - 1)
-        pos = tail + bisect.bisect_left(range(tail, head), timestamp, key=array.timestamp)
-        if pos == head:
-            return NONE, -1, -1
-        return NONE, array.first_offset(pos), array.timestamp(pos)
+        offset, found = self._record_at(queue, index, target)
+        return NONE, offset, found
+
+    @staticmethod
+    def _record_at(queue: Any, index: int, target: int) -> tuple[int, int]:
+        """``(offset, timestamp)`` of the first record of item ``index`` whose timestamp
+        is >= ``target`` (the item's timestamp, as the time index knows it, is). Only
+        this one batch is decompressed (bounded: :func:`luxun.records.batch_records`)."""
+        first = queue.first_offset(index)
+        if queue.item_kind(index) != KIND_KAFKA_BATCH:
+            return first, queue.timestamp(index)
+        data = queue.get(index)
+        try:
+            records = rec.batch_records(data)
+        except rec.BatchError as exc:  # stored, so once valid: answer with its header
+            log.warning("batch at offset %d of %s does not read: %s", first, queue.path, exc)
+            return first, int(_I64.unpack_from(data, rec.MAX_TIMESTAMP_OFFSET)[0])
+        stored_base = int(_I64.unpack_from(data, 0)[0])
+        for r in records:
+            if r.timestamp >= target:
+                return first + r.offset - stored_base, r.timestamp
+        # a header whose maxTimestamp no record has: its first record, as it claims
+        return first, int(_I64.unpack_from(data, rec.MAX_TIMESTAMP_OFFSET)[0])
 
     # -- waiting -----------------------------------------------------------------------
     def wait(self, partitions: Iterable[tuple[str, int]], until: float, enough: Any) -> None:
