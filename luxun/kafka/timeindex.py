@@ -317,7 +317,7 @@ class TimeIndex:
                 ts, idx, segment, starts = ts[:n], idx[:n], segment[:n], starts[:n]
             if n:
                 firsts = np.flatnonzero(starts)
-                lasts = np.concatenate((firsts[1:], [n])) - 1
+                lasts = np.concatenate((firsts[1:], [n]))[: len(firsts)] - 1
                 if len(firsts) == 0 or firsts[0] > 0:  # the chunk goes on with the last segment
                     self._maxima[-1] = int(ts[(firsts[0] if len(firsts) else n) - 1])
                 self._segments.extend(segment[firsts].tolist())

@@ -17,6 +17,7 @@ import importlib
 import os
 import random
 import signal
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -28,7 +29,11 @@ from kio.index import load_request_schema
 
 from bigarray import FanoutQueue
 from idl import luxun_thrift as T
-from luxun.kafka.timeindex import TIME_INDEX_FILE
+from luxun import records as rec
+from luxun.kafka import timeindex
+from luxun.kafka.log import KafkaLog
+from luxun.kafka.timeindex import TIME_INDEX_FILE, TimeIndex
+from luxun.partitions import KIND_KAFKA_BATCH
 from tests._broker import BrokerProcess
 
 from ._kafka import RawClient, produce_partition_response, produce_request, read_partition, request
@@ -413,3 +418,116 @@ def test_the_time_index_goes_with_its_topic(tmp_path: Path) -> None:
             assert _list_offsets_raw(raw, 7, "gone", -3) == (0, base + 300)
     finally:
         broker.stop()
+
+
+# -- the index itself, in process (tiny segments, a real FanoutQueue) -----------------
+
+
+def _model_stamps(queue: FanoutQueue) -> list[tuple[int, int]]:
+    """(offset, timestamp) of every live record, read item by item (the model)."""
+    out: list[tuple[int, int]] = []
+    for i in range(queue.tail, queue.head):
+        first = queue.first_offset(i)
+        if queue.item_kind(i) != KIND_KAFKA_BATCH:
+            out.append((first, queue.timestamp(i)))
+            continue
+        data = queue.get(i)
+        stored_base = int.from_bytes(data[:8], "big", signed=True)
+        out.extend((first + r.offset - stored_base, r.timestamp) for r in rec.batch_records(data))
+    return out
+
+
+def _lookup(index: TimeIndex, queue: FanoutQueue, target: int) -> Found:
+    """What KafkaLog answers: the index's item, then the record in it."""
+    index.catch_up(queue)
+    item = index.find(queue, target)
+    return None if item is None else KafkaLog._record_at(queue, item, target)
+
+
+def _check_index(index: TimeIndex, queue: FanoutQueue, targets: Sequence[int]) -> None:
+    records = _model_stamps(queue)
+    assert {t: _lookup(index, queue, t) for t in targets} == {t: _expected(records, t) for t in targets}
+    largest = _largest(records)
+    assert index.max_timestamp(queue) == (None if largest is None else largest[1])
+
+
+@pytest.fixture
+def tiny_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments of 8 items, compaction from 4 dead entries, chunks of 5 entries: every
+    path in few items."""
+    monkeypatch.setattr(timeindex, "SEGMENT_BITS", 3)
+    monkeypatch.setattr(timeindex, "SEGMENT_ITEMS", 8)
+    monkeypatch.setattr(timeindex, "COMPACT_MIN_ENTRIES", 4)
+    monkeypatch.setattr(timeindex, "_CHUNK_ENTRIES", 5)  # files read and written in several chunks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_time_index_against_a_model(tmp_path: Path, tiny_segments: None, seed: int) -> None:
+    """Random batches (out of order, a few far ahead), Thrift items, batches the index
+    did not see (a crash before its write), retention, torn tails and reloads: every
+    lookup equals reading every record."""
+    rnd = random.Random(seed)
+    now = 1_700_000_000_000
+    with FanoutQueue(tmp_path / "p", data_page_size=4096) as queue:
+        index = TimeIndex(queue.path)
+        for step in range(160):
+            roll = rnd.random()
+            if roll < 0.15:
+                queue.enqueue(b"thrift item")  # its append time (now) is far above the batches'
+            else:
+                centre = now + (10**6 if roll > 0.97 else 0) + rnd.randrange(-5000, 5000)
+                stamps = [centre + rnd.randrange(-100, 100) for _ in range(rnd.randrange(1, 5))]
+                batch = _raw_batch(stamps, codec=rnd.choice([0, 1]))
+                first = queue.enqueue(batch, len(stamps), KIND_KAFKA_BATCH)
+                if rnd.random() < 0.9:  # else: stored, then the broker died before the index write
+                    index.add(queue, first, [max(stamps)])
+                else:
+                    index.invalidate()
+            if rnd.random() < 0.05:
+                queue.remove_before_index(min(queue.head, queue.tail + rnd.randrange(0, 25)))
+            if rnd.random() < 0.04:
+                with open(index.path, "ab") as f:
+                    f.write(bytes(rnd.randrange(1, 16)))  # torn, or zeros: cut at load
+                index.invalidate()
+            if step % 16 == 15:
+                targets = [now + rnd.randrange(-6000, 6000) for _ in range(12)] + [now + 10**6 + 1, 0]
+                _check_index(index, queue, targets)
+        assert os.path.getsize(index.path) % 16 == 0
+
+
+def test_time_index_cuts_entries_a_crash_left_wrong(tmp_path: Path, tiny_segments: None) -> None:
+    """An entry whose item says another time (items lost in a crash and written again)
+    and an entry past head are cut at load; the items after the good ones are re-read."""
+    now = 1_700_000_000_000
+    with FanoutQueue(tmp_path / "p", data_page_size=4096) as queue:
+        index = TimeIndex(queue.path)
+        for k in range(12):
+            stamps = [now + 100 * k, now + 100 * k - 50]
+            index.add(queue, queue.enqueue(_raw_batch(stamps), 2, KIND_KAFKA_BATCH), [max(stamps)])
+        good = os.path.getsize(index.path)
+        for k in range(12, 15):  # stored, then the broker died before the index write
+            queue.enqueue(_raw_batch([now + 100 * k]), 1, KIND_KAFKA_BATCH)
+        with open(index.path, "ab") as f:
+            f.write(struct.pack(">qq", now + 5000, 12))  # item 12 holds now + 1200, not now + 5000
+            f.write(struct.pack(">qq", now + 6000, 40))  # no item 40
+        index.invalidate()
+        _check_index(index, queue, [now + 1050, now + 1101, now + 1201, now + 1400, now + 4999])
+        assert os.path.getsize(index.path) == good + 3 * 16  # the two cut, items 12..14 indexed again
+        assert _lookup(index, queue, now + 4999) is None
+
+
+def test_time_index_compacts_entries_below_tail(tmp_path: Path, tiny_segments: None) -> None:
+    """Once retention left the entries below tail most of the file, they are dropped."""
+    now = 1_700_000_000_000
+    with FanoutQueue(tmp_path / "p", data_page_size=4096) as queue:
+        index = TimeIndex(queue.path)
+        for k in range(64):  # timestamps in order: an entry per batch
+            index.add(queue, queue.enqueue(_raw_batch([now + k]), 1, KIND_KAFKA_BATCH), [now + k])
+        assert os.path.getsize(index.path) == 64 * 16
+        queue.remove_before_index(60)
+        index.add(queue, queue.enqueue(_raw_batch([now + 64]), 1, KIND_KAFKA_BATCH), [now + 64])
+        assert os.path.getsize(index.path) == 9 * 16  # items 56..64: tail's segment (56..63) stays whole
+        index.invalidate()
+        index.catch_up(queue)
+        assert os.path.getsize(index.path) == 9 * 16
+        _check_index(index, queue, [0, now + 10, now + 62, now + 64, now + 65])
