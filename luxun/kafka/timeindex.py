@@ -336,7 +336,7 @@ class TimeIndex:
         (None: none). The index must cover head (:meth:`catch_up`)."""
         tail = int(queue.tail)
         j = bisect.bisect_left(self._segments, tail >> SEGMENT_BITS)
-        maxima = np.frombuffer(self._maxima, dtype=np.int64)[j:]
+        maxima = np.frombuffer(self._maxima[j:], dtype=np.int64)  # of a copy: the table may grow later
         for k in (np.flatnonzero(maxima >= target)[:2] + j).tolist():
             entries = self._segment_entries(k)
             at = int(np.searchsorted(entries["ts"].astype(np.int64), target, side="left"))
@@ -364,7 +364,7 @@ class TimeIndex:
             if live:
                 found.append(max(live))
         if len(self._segments) > j + 1:
-            found.append(int(np.frombuffer(self._maxima, dtype=np.int64)[j + 1 :].max()))
+            found.append(max(self._maxima[j + 1 :]))
         return max(found) if found else None
 
     def _segment_entries(self, k: int) -> np.ndarray[Any, Any]:
