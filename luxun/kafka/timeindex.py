@@ -34,9 +34,11 @@ when that entry is below tail, the segment's live items are read (at most
 :data:`SEGMENT_ITEMS`). Only the segments' largest timestamps and where their entries
 start are kept in memory (24 bytes per segment); a lookup reads one segment's entries.
 
-Writing: the Kafka produce path appends its batches' entries with one ``write`` under
-the partition lock, after the batches are stored (:meth:`TimeIndex.add`): it knows
-their timestamps from the headers it validated, so it reads nothing. Items a Thrift
+Writing: the Kafka produce path adds its batches' entries under the partition lock,
+after the batches are stored (:meth:`TimeIndex.add`): it knows their timestamps from
+the headers it validated, so it reads nothing. Entries are buffered and appended to the
+file 256 at a time (one ``write``) or before a lookup reads the file, so a produce
+makes no system call for the index. Items a Thrift
 client appended in between are read then (their append times: one numpy copy of the
 index column). Nothing is fsynced: the file is derived data.
 
@@ -45,7 +47,7 @@ first produce or lookup after the broker starts): a torn entry is cut; so are en
 out of order (zeros written by a power loss) and entries at or past head (items a
 crash took back); the last entry is checked against its item (re-read). Then the items
 after the last entry are read from the array (their batch headers): after a ``kill -9``
-at most the rest of one segment, since each segment starts with an entry. A missing
+those of the buffered entries (at most 256) and the rest of their segment. A missing
 file is rebuilt from tail. When retention has left more dead entries (segments below
 tail's) than live ones, and at least :data:`COMPACT_MIN_ENTRIES`, the live ones are
 copied to a new file that replaces the old (fsynced, then renamed). The file goes with
@@ -92,6 +94,8 @@ _I64: Final = struct.Struct(">q")
 _CHUNK_ENTRIES: Final = 1 << 16
 #: Bytes of items read at once when reading batch headers.
 _READ_BYTES: Final = 8 << 20
+#: Entries buffered before they are written (4 KiB).
+_BUFFER_ENTRIES: Final = 256
 #: Attempts at reading items while retention moves tail past them.
 _RETRIES: Final = 100
 _NO_TIMESTAMP: Final = -(1 << 63)
@@ -140,8 +144,10 @@ class TimeIndex:
         self._reset()
 
     def _reset(self) -> None:
-        #: Entries in the file.
+        #: Entries in the index: in the file, then in ``_buffer``.
         self._count = 0
+        #: Entries not written to the file yet.
+        self._buffer: list[tuple[int, int]] = []
         #: Items below this index were looked at (entries written for them if needed).
         self._covered = 0
         #: Per segment with entries, in order: its number, its largest timestamp, the
@@ -224,10 +230,23 @@ class TimeIndex:
         raise IndexOutOfRangeError(self._covered, queue.tail, queue.head)
 
     def _write(self, pending: list[tuple[int, int]]) -> None:
-        """Append ``pending`` entries to the file (one write). The file must exist: a
+        """Add ``pending`` entries: buffered, and appended to the file (one write) once
+        :data:`_BUFFER_ENTRIES` wait or before anything reads the file (:meth:`flush`),
+        so a produce costs no system call. Entries a crash loses are rebuilt by
+        :meth:`load` from the items after the last entry written, as a torn tail is."""
+        if pending:
+            self._buffer.extend(pending)
+            self._count += len(pending)
+            if len(self._buffer) >= _BUFFER_ENTRIES:
+                self.flush()
+
+    def flush(self) -> None:
+        """Append the buffered entries to the file (one write). The file must exist: a
         missing one is rebuilt by :meth:`load`, not started again half-way."""
+        pending = self._buffer
         if not pending:
             return
+        self._buffer = []
         data = b"".join([_ENTRY.pack(ts, idx) for ts, idx in pending])
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
@@ -236,7 +255,6 @@ class TimeIndex:
             os.close(fd)
         if written != len(data):
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
-        self._count += len(pending)
 
     # -- loading ---------------------------------------------------------------------
     def load(self, queue: Any) -> None:
@@ -371,6 +389,7 @@ class TimeIndex:
         """The entries of the k-th segment of the table (``ts``, ``idx`` fields)."""
         begin = self._starts[k]
         end = self._starts[k + 1] if k + 1 < len(self._starts) else self._count
+        self.flush()
         fd = os.open(self.path, os.O_RDONLY)
         try:
             raw = os.pread(fd, (end - begin) * ENTRY_SIZE, begin * ENTRY_SIZE)
@@ -394,6 +413,7 @@ class TimeIndex:
         dead = self._starts[j] if j < len(self._starts) else self._count
         if dead < COMPACT_MIN_ENTRIES or dead < self._count - dead:
             return
+        self.flush()
         tmp = self.path + ".tmp"
         src = os.open(self.path, os.O_RDONLY)
         try:

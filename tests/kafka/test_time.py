@@ -330,6 +330,11 @@ def test_lookups_after_a_kill_while_producing(tmp_path: Path, damage: str) -> No
         while acked < 3000 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert acked >= 3000, acked
+        with RawClient(broker.kafka_port) as raw:  # a lookup writes the buffered entries out
+            assert _list_offsets_raw(raw, 7, "crash", base) is not None
+        flushed_at = acked
+        while acked < flushed_at + 500 and time.monotonic() < deadline:  # and more wait in the buffer
+            time.sleep(0.05)
         broker.stop(signal.SIGKILL)
         stop.set()
         thread.join(30)
@@ -492,6 +497,7 @@ def test_time_index_against_a_model(tmp_path: Path, tiny_segments: None, seed: i
             if step % 16 == 15:
                 targets = [now + rnd.randrange(-6000, 6000) for _ in range(12)] + [now + 10**6 + 1, 0]
                 _check_index(index, queue, targets)
+        index.flush()  # entries are buffered until a lookup or 256 wait
         assert os.path.getsize(index.path) % 16 == 0
 
 
@@ -504,6 +510,7 @@ def test_time_index_cuts_entries_a_crash_left_wrong(tmp_path: Path, tiny_segment
         for k in range(12):
             stamps = [now + 100 * k, now + 100 * k - 50]
             index.add(queue, queue.enqueue(_raw_batch(stamps), 2, KIND_KAFKA_BATCH), [max(stamps)])
+        index.flush()  # entries are buffered until a lookup or 256 wait
         good = os.path.getsize(index.path)
         for k in range(12, 15):  # stored, then the broker died before the index write
             queue.enqueue(_raw_batch([now + 100 * k]), 1, KIND_KAFKA_BATCH)
@@ -512,6 +519,7 @@ def test_time_index_cuts_entries_a_crash_left_wrong(tmp_path: Path, tiny_segment
             f.write(struct.pack(">qq", now + 6000, 40))  # no item 40
         index.invalidate()
         _check_index(index, queue, [now + 1050, now + 1101, now + 1201, now + 1400, now + 4999])
+        index.flush()  # entries are buffered until a lookup or 256 wait
         assert os.path.getsize(index.path) == good + 3 * 16  # the two cut, items 12..14 indexed again
         assert _lookup(index, queue, now + 4999) is None
 
@@ -523,11 +531,14 @@ def test_time_index_compacts_entries_below_tail(tmp_path: Path, tiny_segments: N
         index = TimeIndex(queue.path)
         for k in range(64):  # timestamps in order: an entry per batch
             index.add(queue, queue.enqueue(_raw_batch([now + k]), 1, KIND_KAFKA_BATCH), [now + k])
+        index.flush()  # entries are buffered until a lookup or 256 wait
         assert os.path.getsize(index.path) == 64 * 16
         queue.remove_before_index(60)
         index.add(queue, queue.enqueue(_raw_batch([now + 64]), 1, KIND_KAFKA_BATCH), [now + 64])
+        index.flush()  # entries are buffered until a lookup or 256 wait
         assert os.path.getsize(index.path) == 9 * 16  # items 56..64: tail's segment (56..63) stays whole
         index.invalidate()
         index.catch_up(queue)
+        index.flush()  # entries are buffered until a lookup or 256 wait
         assert os.path.getsize(index.path) == 9 * 16
         _check_index(index, queue, [0, now + 10, now + 62, now + 64, now + 65])
