@@ -27,7 +27,7 @@ from idl import QueueService
 from .config import BrokerConfig, check_password
 from .kafka.groups import GroupCoordinator
 from .kafka.handlers import KafkaHandler
-from .kafka.log import KafkaLog
+from .kafka.log import KafkaLog, remove_interrupted_creations
 from .kafka.sasl import Authenticator, UserStore
 from .kafka.server import KafkaServer
 from .metrics import Metrics, MetricsServer
@@ -189,6 +189,7 @@ class Broker:
             max_topics=config.max_topics,
             auto_create=config.auto_create_topics,
             flush_count=config.flush_count,
+            repair=remove_interrupted_creations,  # whether or not the Kafka port is on
         )
         self.metrics.topic_manager = self.topics
         if not config.max_open_topics:

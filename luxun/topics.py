@@ -298,6 +298,9 @@ class TopicManager:
             topic fails with :class:`TopicAutoCreateDisabledError`).
         flush_count: msync a topic after this many appended items (``log.flush.count``;
             <= 0: never), whichever door appends.
+        repair: called with the data directory once it is locked, before the topics are
+            listed: a door removes what a crash left half made (the Kafka door: an
+            interrupted CreateTopics, ``luxun.kafka.log.remove_interrupted_creations``).
     """
 
     def __init__(
@@ -310,6 +313,7 @@ class TopicManager:
         max_topics: int = 0,
         auto_create: bool = True,
         flush_count: int = 0,
+        repair: Callable[[str], object] | None = None,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.flush_count = flush_count
@@ -349,6 +353,8 @@ class TopicManager:
                 f"data directory {self.data_dir} is in use by another broker (lock {LOCK_FILE} is held)"
             ) from None
         try:
+            if repair is not None:
+                repair(self.data_dir)
             self._list_existing()
         except BaseException:
             self.close()

@@ -32,6 +32,7 @@ connection's thread.
 
 from __future__ import annotations
 
+import collections
 import logging
 import struct
 import time
@@ -91,6 +92,10 @@ GROUP_AUTHORIZATION_FAILED: Final = 30
 UNSUPPORTED_SASL_MECHANISM: Final = 33
 ILLEGAL_SASL_STATE: Final = 34
 SASL_AUTHENTICATION_FAILED: Final = 58
+INVALID_REPLICA_ASSIGNMENT: Final = 39
+#: DescribeConfigs config sources: set on the topic; the broker's default.
+_TOPIC_CONFIG: Final = 1
+_DEFAULT_CONFIG: Final = 5
 CLUSTER_ID: Final = "luxun-" + uuid.uuid5(uuid.NAMESPACE_DNS, "luxun").hex[:16]
 #: Fetch waits at most this long whatever the client asks (Kafka clients ask 500 ms).
 MAX_FETCH_WAIT_S: Final = 30.0
@@ -469,6 +474,11 @@ class KafkaHandler:
 
     # -- topics ------------------------------------------------------------------------
     def create_topics(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        """Each topic checked and created on its own (per-topic errors, as Kafka): a
+        name given twice in one request is refused (INVALID_REQUEST, one result for
+        it), then replication factor and replica assignments, then, in
+        :meth:`KafkaLog.create`, name, existence, partitions, configs and max.topics;
+        ``validate_only`` answers the same and makes nothing."""
         if session is not None and not session.admin:
             refusal = _not_admin(session, "create topics")
             refused = [
@@ -478,40 +488,85 @@ class KafkaHandler:
             ]  # fmt: skip
             self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
             return self._response(header, topics=refused)
+        names = collections.Counter(t.name for t in request.topics)
         results = []
+        reserved = 0  # luxun topics the earlier topics of a validate-only request would take
         for t in request.topics:
-            configs = {c.name: c.value for c in t.configs}
-            partitions = t.num_partitions if t.num_partitions != -1 else self.log.num_partitions
-            if t.assignments:
-                partitions = len(t.assignments)
-            message: str | None
-            if t.replication_factor not in (-1, 1):
-                code, message = (
-                    INVALID_REPLICATION_FACTOR,
-                    f"replication factor {t.replication_factor}: this broker is a cluster of one (use 1 or -1)",
-                )
-            else:
+            if names[t.name] > 1:
+                names[t.name] = 0  # one result per duplicated name
+                results.append(self._created(t.name, INVALID_REQUEST, "Duplicate topic name.", 0))
+                continue
+            if names[t.name] == 0:
+                continue
+            partitions = len(t.assignments) if t.assignments else t.num_partitions
+            if partitions == -1:
+                partitions = self.log.num_partitions
+            code, message = self._check_replicas(t)
+            if code == NONE:
                 code, message = self.log.create(
                     t.name,
                     partitions,
-                    timestamp_type=configs.get("message.timestamp.type") or "CreateTime",
+                    configs=[(c.name, c.value) for c in t.configs],
                     validate_only=request.validate_only,
+                    reserved=reserved,
                 )
-            if code != NONE:
-                self.metrics.count_kafka_error(code)
-            info = self.log.describe(t.name)
-            results.append(
-                {
-                    "name": t.name,
-                    "topic_id": info.topic_id if info else uuid.UUID(int=0),
-                    "error_code": code,
-                    "error_message": message,
-                    "num_partitions": partitions if code == NONE else -1,
-                    "replication_factor": 1 if code == NONE else -1,
-                    "configs": None if code != NONE else [],
-                }
-            )
+            if code == NONE and request.validate_only:
+                reserved += partitions
+            results.append(self._created(t.name, code, message, partitions))
         return self._response(header, topics=results)
+
+    def _check_replicas(self, t: Any) -> tuple[int, str | None]:
+        """Replication factor and replica assignments of one CreateTopics topic, as a
+        Kafka cluster of this one broker judges them."""
+        if t.assignments:
+            if t.replication_factor != -1 or t.num_partitions != -1:
+                return INVALID_REQUEST, (
+                    "Both numPartitions or replicationFactor and replicasAssignments were set. "
+                    "Both cannot be used at the same time."
+                )
+            for expected, a in enumerate(sorted(t.assignments, key=lambda a: a.partition_index)):
+                if a.partition_index != expected:
+                    return INVALID_REPLICA_ASSIGNMENT, (
+                        "partitions should be a consecutive 0-based integer sequence, "
+                        f"not {sorted(a.partition_index for a in t.assignments)}"
+                    )
+                if list(a.broker_ids) != [self.node_id]:
+                    return INVALID_REPLICA_ASSIGNMENT, (
+                        f"partition {a.partition_index} is assigned to brokers {list(a.broker_ids)}: this "
+                        f"cluster is one broker, {self.node_id}, so each partition's replicas must be "
+                        f"[{self.node_id}]"
+                    )
+            return NONE, None
+        if t.replication_factor not in (-1, 1):
+            return INVALID_REPLICATION_FACTOR, (
+                f"replication factor {t.replication_factor}: this broker is a cluster of one (use 1 or -1)"
+            )
+        return NONE, None
+
+    def _created(self, name: str, code: int, message: str | None, partitions: int) -> dict[str, Any]:
+        """One topic's CreateTopics result; on success its configs, as DescribeConfigs
+        would show them (none yet for a validate-only request: the topic does not exist)."""
+        if code != NONE:
+            self.metrics.count_kafka_error(code)
+            return {
+                "name": name,
+                "topic_id": uuid.UUID(int=0),
+                "error_code": code,
+                "error_message": message,
+                "num_partitions": -1,
+                "replication_factor": -1,
+                "configs": None,
+            }
+        info = self.log.describe(name)
+        return {
+            "name": name,
+            "topic_id": info.topic_id if info else uuid.UUID(int=0),
+            "error_code": NONE,
+            "error_message": None,
+            "num_partitions": partitions,
+            "replication_factor": 1,
+            "configs": [] if info is None else self._topic_configs(info, ()),
+        }
 
     def delete_topics(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         names = getattr(request, "topic_names", None)
@@ -540,16 +595,7 @@ class KafkaHandler:
                 if info is None:
                     code, message = UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist"
                 else:
-                    values = {
-                        "message.timestamp.type": info.timestamp_type,
-                        "max.message.bytes": str(self.log.max_message_bytes),
-                        "cleanup.policy": "delete",
-                    }
-                    configs = [
-                        {"name": k, "value": v, "read_only": True, "config_source": 5, "is_sensitive": False}
-                        for k, v in values.items()
-                        if not r.configuration_keys or k in r.configuration_keys
-                    ]
+                    configs = self._topic_configs(info, r.configuration_keys or ())
             results.append(
                 {
                     "error_code": code,
@@ -560,6 +606,23 @@ class KafkaHandler:
                 }
             )
         return self._response(header, results=results)
+
+    def _topic_configs(self, info: Any, keys: Any) -> list[dict[str, Any]]:
+        """A topic's configs for DescribeConfigs (only ``keys``, if any) and CreateTopics:
+        those set at its creation (source TOPIC_CONFIG), then luxun's settings of the
+        others it shows (source DEFAULT_CONFIG). Read-only: there is no AlterConfigs."""
+        values = {
+            "message.timestamp.type": (info.timestamp_type, _DEFAULT_CONFIG),
+            "max.message.bytes": (str(self.log.max_message_bytes), _DEFAULT_CONFIG),
+            "cleanup.policy": ("delete", _DEFAULT_CONFIG),
+        }
+        for k, v in info.configs.items():
+            values[k] = (v, _TOPIC_CONFIG)
+        return [
+            {"name": k, "value": v, "read_only": True, "config_source": source, "is_sensitive": False}
+            for k, (v, source) in values.items()
+            if not keys or k in keys
+        ]
 
     # -- producers ---------------------------------------------------------------------
     def init_producer_id(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:

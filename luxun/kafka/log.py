@@ -34,28 +34,47 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import logging
 import os
+import shutil
 import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 
 from bigarray import ArrayClosedError, IndexOutOfRangeError, InvalidNameError, ItemTooLargeError
+from bigarray import format as fmt
 
 from .. import records as rec
 from ..logs import RateLimitedLog
 from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
-from ..topics import Topic, TopicLimitError, TopicManager, TopicStorageError, UnknownTopicError
+from ..topics import (
+    RESERVED_PREFIX,
+    TRASH_PREFIX,
+    Topic,
+    TopicLimitError,
+    TopicManager,
+    TopicStorageError,
+    UnknownTopicError,
+)
 from .timeindex import TimeIndex
+from .topic_configs import ConfigProblem, check_topic_configs
 
-__all__ = ["FetchResult", "KafkaLog", "ProduceResult", "TopicInfo", "legal_topic_name"]
+__all__ = [
+    "FetchResult",
+    "KafkaLog",
+    "ProduceResult",
+    "TopicInfo",
+    "legal_topic_name",
+    "remove_interrupted_creations",
+]
 
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
@@ -98,6 +117,8 @@ class TopicInfo:
     partitions: int
     topic_id: uuid.UUID
     timestamp_type: str = "CreateTime"
+    #: The configs given at creation (name -> value), as DescribeConfigs answers them.
+    configs: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass
@@ -202,18 +223,25 @@ class KafkaLog:
             return info
         if not self.topics.known(topic) or legal_topic_name(topic) is not None:
             return None
+        path = self._settings_path(topic)
+        if os.path.exists(path + ".tmp"):
+            # Being created (or its creation was interrupted): not a topic yet. Checked
+            # before reading kafka.json, which replaces the .tmp in one rename.
+            return None
         settings: dict[str, Any] = {}
-        with contextlib.suppress(ValueError, OSError), open(self._settings_path(topic), encoding="utf-8") as f:
+        with contextlib.suppress(ValueError, OSError), open(path, encoding="utf-8") as f:
             settings = json.load(f)
         try:
             topic_id = uuid.UUID(str(settings["topic_id"]))
         except (KeyError, ValueError):
             topic_id = uuid.uuid5(_TOPIC_ID_NAMESPACE, topic)
+        configs = settings.get("configs")
         info = TopicInfo(
             topic,
             max(1, int(settings.get("partitions", 1))),
             topic_id,
             str(settings.get("timestamp_type", "CreateTime")),
+            {str(k): str(v) for k, v in configs.items()} if isinstance(configs, dict) else {},
         )
         with self._infos_lock:
             self._infos[topic] = info
@@ -231,21 +259,50 @@ class KafkaLog:
         return out
 
     def create(
-        self, topic: str, partitions: int, *, timestamp_type: str = "CreateTime", validate_only: bool = False
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        timestamp_type: str = "CreateTime",
+        configs: Iterable[tuple[str, str | None]] = (),
+        validate_only: bool = False,
+        reserved: int = 0,
     ) -> tuple[int, str | None]:
-        """Create a topic with ``partitions`` partitions: ``(error code, message)``."""
+        """Create a topic with ``partitions`` partitions: ``(error code, message)``.
+
+        ``configs``: the request's ``(name, value)`` pairs, checked by
+        :func:`~luxun.kafka.topic_configs.check_topic_configs` (INVALID_CONFIG naming
+        the first refused one) and kept in ``kafka.json`` for DescribeConfigs; a
+        ``message.timestamp.type`` among them wins over ``timestamp_type``.
+        ``reserved``: luxun topics that earlier topics of the same validate-only
+        request would take, so that its answer is the one creating them all would give.
+
+        Checks, in Kafka's order where Kafka has them: the name, the topic's existence,
+        the partition count, the configs, then ``max.topics``. All come before anything
+        is made; with ``validate_only`` nothing is made. Then, in this
+        order (what :func:`remove_interrupted_creations` relies on after a crash): the
+        topic's directory appears holding ``kafka.json.tmp`` (renamed into place, so it
+        never exists without it), partitions n-1..1 are made, partition 0 takes that
+        directory, and ``kafka.json`` replaces the ``.tmp``: from then on Kafka clients
+        see the topic. A failure on the way removes what was made.
+        """
         why = legal_topic_name(topic)
         if why is not None:
             return INVALID_TOPIC_EXCEPTION, why
+        if self.describe(topic) is not None:
+            return TOPIC_ALREADY_EXISTS, f"topic {topic!r} already exists"
         if partitions < 1:
             return INVALID_PARTITIONS, f"number of partitions must be at least 1, not {partitions}"
         if partitions > 10_000:
             return INVALID_PARTITIONS, f"at most 10000 partitions per topic, not {partitions}"
+        try:
+            kept = check_topic_configs(configs, max_message_bytes=self.max_message_bytes)
+        except ConfigProblem as exc:
+            return INVALID_CONFIG, str(exc)
+        timestamp_type = kept.get("message.timestamp.type", timestamp_type)
         if timestamp_type not in ("CreateTime", "LogAppendTime"):
             return INVALID_CONFIG, f"message.timestamp.type must be CreateTime or LogAppendTime, not {timestamp_type!r}"
-        if self.describe(topic) is not None:
-            return TOPIC_ALREADY_EXISTS, f"topic {topic!r} already exists"
-        limit, held = self.topics.max_topics, self.topics.count()
+        limit, held = self.topics.max_topics, self.topics.count() + reserved
         if limit > 0 and held + partitions > limit:  # each partition is a luxun topic
             return POLICY_VIOLATION, (
                 f"cannot create topic {topic!r} with {partitions} partition(s): the broker holds {held} of "
@@ -253,41 +310,90 @@ class KafkaLog:
             )
         if validate_only:
             return NONE, None
+        settings = {
+            "partitions": partitions,
+            "topic_id": str(uuid.uuid4()),
+            "timestamp_type": timestamp_type,
+            "configs": kept,
+        }
+        try:
+            self._stage_directory(topic, settings)
+        except FileExistsError:
+            return TOPIC_ALREADY_EXISTS, f"topic {topic!r} is being created"
+        except OSError as exc:
+            log.warning("cannot create topic %r: %s", topic, exc)
+            return KAFKA_STORAGE_ERROR, f"cannot create topic {topic!r}: {exc}"
         made: list[str] = []
         try:
-            for p in range(partitions - 1, -1, -1):  # partition 0 last: the topic exists once it is there
+            for p in range(partitions - 1, -1, -1):  # partition 0 last: it takes the staged directory
                 name = partition_topic(topic, p)
                 existed = self.topics.known(name)
                 self.topics.get_or_create(name)
                 if not existed:
                     made.append(name)
-            settings = {"partitions": partitions, "topic_id": str(uuid.uuid4()), "timestamp_type": timestamp_type}
-            tmp = self._settings_path(topic) + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(settings, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._settings_path(topic))
+            path = self._settings_path(topic)
+            os.replace(path + ".tmp", path)
         except (TopicLimitError, InvalidNameError) as exc:
             self._undo_create(topic, made)
             return POLICY_VIOLATION, str(exc)
-        except OSError as exc:
+        except (OSError, TopicStorageError) as exc:
             self._undo_create(topic, made)
+            log.warning("cannot create topic %r: %s", topic, exc)
             return KAFKA_STORAGE_ERROR, f"cannot create topic {topic!r}: {exc}"
         with self._infos_lock:
             self._infos.pop(topic, None)
         log.info("created topic %r with %d partitions (Kafka)", topic, partitions)
         return NONE, None
 
+    def _stage_directory(self, topic: str, settings: dict[str, Any]) -> None:
+        """Make the directory of ``topic``'s partition 0 holding ``kafka.json.tmp``: built
+        under a trash name (removed at start if we die meanwhile), then renamed.
+
+        Raises:
+            FileExistsError: the directory exists (another creation is under way).
+            OSError: the disk refused.
+        """
+        staging = os.path.join(self.topics.data_dir, TRASH_PREFIX + uuid.uuid4().hex)
+        os.mkdir(staging)
+        try:
+            with open(os.path.join(staging, SETTINGS_FILE + ".tmp"), "w", encoding="utf-8") as f:
+                json.dump(settings, f)
+                f.flush()
+                os.fsync(f.fileno())
+            final = os.path.join(self.topics.data_dir, topic)
+            if os.path.lexists(final):
+                raise FileExistsError(errno.EEXIST, "exists", final)
+            os.rename(staging, final)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise FileExistsError(*exc.args) from exc
+            raise
+
     def _undo_create(self, topic: str, made: list[str]) -> None:
         """A creation refused part-way (another creation took the last of max.topics
-        meanwhile, a full disk): the partitions it made go again, so nothing is left
-        behind, invisible to Kafka clients and counted against the limit."""
+        meanwhile, a full disk, too many open files): the partitions it made go again,
+        and the staged directory of partition 0, so nothing is left behind, invisible
+        to Kafka clients and counted against the limit."""
         for name in made:
             try:
                 self.topics.delete(name)
             except Exception:
                 log.exception("removing partition %r of the refused topic %r failed", name, topic)
+        path = os.path.join(self.topics.data_dir, topic)
+        if self.topics.known(topic):  # made by a Thrift produce meanwhile: it stays, without our settings
+            with contextlib.suppress(OSError):
+                os.remove(self._settings_path(topic) + ".tmp")
+            return
+        trash = os.path.join(self.topics.data_dir, TRASH_PREFIX + uuid.uuid4().hex)
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return
+        except OSError:
+            log.exception("removing the directory of the refused topic %r failed", topic)
+            return
+        shutil.rmtree(trash, ignore_errors=True)
 
     def auto_create(self, topic: str) -> tuple[int, str | None]:
         """Create ``topic`` with ``num.partitions`` if auto-creation is on."""
@@ -644,3 +750,99 @@ class KafkaLog:
         finally:
             for part in watched:
                 part.unwatch(event)
+
+
+# -- start-up ----------------------------------------------------------------------------
+def remove_interrupted_creations(data_dir: str) -> list[str]:
+    """Remove what a CreateTopics interrupted by a crash left in ``data_dir``: the names
+    removed, one ``INFO`` line each. Run at start, under the data directory's lock,
+    before the topic manager lists the topics (``TopicManager(repair=...)``), so such
+    leftovers never count against ``max.topics``.
+
+    A creation makes the directory of partition 0 holding ``kafka.json.tmp``, then the
+    partitions ``T~p`` (empty), then partition 0's files, then renames the ``.tmp`` to
+    ``kafka.json`` (see :meth:`KafkaLog.create`; older brokers made the partitions
+    before partition 0 and wrote no ``.tmp``). So, for a legal Kafka topic name ``T``
+    whose directory holds no ``kafka.json``:
+
+    * each ``T~p`` (p >= 1) that never held an item is a leftover and goes (a
+      Thrift-written ``T~p`` holds items and stays);
+    * ``T`` itself goes if it holds ``kafka.json.tmp`` and never held an item, unless a
+      partition of it stays; otherwise only its ``.tmp`` goes. A ``T`` without a
+      ``.tmp`` is a luxun topic of one partition (made by a Thrift produce) and stays.
+
+    A ``kafka.json.tmp`` beside a ``kafka.json`` is removed too.
+    """
+    names = sorted(
+        e
+        for e in os.listdir(data_dir)
+        if not e.startswith(RESERVED_PREFIX) and os.path.isdir(os.path.join(data_dir, e))
+    )
+    partitions: dict[str, list[str]] = {}
+    for name in names:
+        topic, p = partition_of(name)
+        if p:
+            partitions.setdefault(topic, []).append(name)
+
+    def settled(topic: str) -> bool:
+        return os.path.exists(os.path.join(data_dir, topic, SETTINGS_FILE))
+
+    leftovers: dict[str, str] = {}
+    for topic, parts in partitions.items():
+        if legal_topic_name(topic) is not None or settled(topic):
+            continue
+        for name in parts:
+            if name not in partitions and _never_written(os.path.join(data_dir, name)):
+                leftovers[name] = (
+                    f"partition {partition_of(name)[1]} of topic {topic!r}, whose creation was interrupted "
+                    f"(no {SETTINGS_FILE} in {topic!r})"
+                )
+    for topic in names:
+        tmp = os.path.join(data_dir, topic, SETTINGS_FILE + ".tmp")
+        if partition_of(topic)[1] or not os.path.exists(tmp):
+            continue
+        if (
+            not settled(topic)
+            and legal_topic_name(topic) is None
+            and _never_written(os.path.join(data_dir, topic))
+            and all(name in leftovers for name in partitions.get(topic, []))
+        ):
+            leftovers[topic] = f"topic {topic!r}, whose creation was interrupted (a .tmp, no {SETTINGS_FILE})"
+            continue
+        try:
+            os.remove(tmp)
+        except OSError as exc:
+            log.warning("cannot remove %s, left by an interrupted creation: %s", tmp, exc)
+            continue
+        log.info("removed %s/%s.tmp, left by an interrupted creation of topic %r", topic, SETTINGS_FILE, topic)
+    removed = []
+    for name in sorted(leftovers, key=lambda n: (partition_of(n)[0], -partition_of(n)[1])):
+        trash = os.path.join(data_dir, TRASH_PREFIX + uuid.uuid4().hex)
+        try:
+            os.rename(os.path.join(data_dir, name), trash)
+        except OSError as exc:
+            log.warning("cannot remove %r, %s: %s", name, leftovers[name], exc)
+            continue
+        shutil.rmtree(trash, ignore_errors=True)  # else removed at the next start
+        removed.append(name)
+        log.info("removed %r at start: %s", name, leftovers[name])
+    return removed
+
+
+def _never_written(path: str) -> bool:
+    """True if the luxun topic at ``path`` never held an item: no index or data page, and
+    a head of 0 in its meta page (or no meta page). A topic made by a produce holds its
+    first items from the start, so only an explicit creation leaves such a topic."""
+    for sub in (fmt.INDEX_DIR, fmt.DATA_DIR):
+        try:
+            if any(fmt.parse_page_file_name(e) is not None for e in os.listdir(os.path.join(path, sub))):
+                return False
+        except FileNotFoundError:
+            continue
+    meta = os.path.join(path, fmt.META_DIR, fmt.page_file_name(0))
+    try:
+        with open(meta, "rb") as f:
+            head = f.read(8)
+    except FileNotFoundError:
+        return True
+    return len(head) == 8 and _I64.unpack(head)[0] == 0

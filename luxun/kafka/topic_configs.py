@@ -1,0 +1,261 @@
+"""Kafka's topic-level configs as CreateTopics gives them: which luxun honours, which
+it accepts and ignores, which it refuses.
+
+Every key of Apache Kafka's ``TopicConfig`` (3.x and 4.x) is known here; anything
+else is refused with INVALID_CONFIG and Kafka's words ("Unknown topic config name:
+x"). A value is parsed and range-checked as Kafka's ``ConfigDef`` does (type, bounds,
+valid strings; surrounding blanks ignored), refused as Kafka words it ("Invalid value
+x for configuration y: ..."). A valid value then meets luxun's policy for its key:
+
+* **honoured**: ``message.timestamp.type``, ``retention.ms``, ``retention.bytes``
+  (per partition, over the broker's retention; see :mod:`luxun.retention`);
+* **ignored**: keys with no effect on a one-broker log without compaction or tiered
+  storage (replication throttles, segment and index sizes, compaction tuning,
+  ``unclean.leader.election.enable``, ...), accepted at any valid value;
+* **only the value luxun behaves as**: e.g. ``cleanup.policy=delete``,
+  ``compression.type=producer``, ``min.insync.replicas=1``,
+  ``max.message.bytes`` equal to the broker's ``message.max.bytes``; any other
+  value is refused with INVALID_CONFIG saying luxun does not support it.
+
+:data:`TOPIC_CONFIGS` is the table; :func:`check_topic_configs` applies it to one
+topic's configs. Thread-safety: pure functions over constant tables.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["HONOURED", "IGNORED", "ONLY", "TOPIC_CONFIGS", "ConfigProblem", "TopicConfig", "check_topic_configs"]
+
+INT32_MIN: Final = -(1 << 31)
+INT32_MAX: Final = (1 << 31) - 1
+INT64_MIN: Final = -(1 << 63)
+INT64_MAX: Final = (1 << 63) - 1
+
+#: How luxun treats a key (the README's table says the same).
+HONOURED: Final = "honoured"
+IGNORED: Final = "accepted, no effect"
+ONLY: Final = "only"
+
+_THROTTLED: Final = re.compile(r"^\d+:\d+$")
+_FORMAT_VERSION: Final = re.compile(r"^\d+\.\d+(\.\d+)?(-IV\d+)?$")
+
+
+class ConfigProblem(ValueError):
+    """A config of a CreateTopics request that is refused (Kafka's INVALID_CONFIG); the
+    message names the key (and the value, unless absent)."""
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """One Kafka topic-level config key.
+
+    ``kind``: Kafka's type (``long``, ``int``, ``boolean``, ``string``, ``list``,
+    ``double``); ``lo``/``hi``: its bounds; ``choices``: its valid strings (for a list,
+    of each element); ``default``: Kafka's default as DescribeConfigs shows it;
+    ``handling``: :data:`HONOURED`, :data:`IGNORED` or :data:`ONLY`; ``supported``:
+    for ONLY, the values luxun behaves as (parsed), ``why``: why the others are refused.
+    """
+
+    name: str
+    kind: str
+    default: str
+    handling: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    supported: tuple[object, ...] = ()
+    why: str = ""
+    valid: Callable[[object], str | None] | None = None
+
+
+def _throttled_replicas(value: object) -> str | None:
+    """Kafka's ThrottledReplicaListValidator: ``*`` or ``partition:broker`` pairs."""
+    assert isinstance(value, list)
+    if value == ["*"] or all(_THROTTLED.match(v) for v in value):
+        return None
+    return "must be the literal '*' or a list of replicas in the following format: [partitionId]:[brokerId],..."
+
+
+def _format_version(value: object) -> str | None:
+    assert isinstance(value, str)
+    return None if _FORMAT_VERSION.match(value) else "Version must be a Kafka version such as 3.0 or 2.8-IV1"
+
+
+def _gzip_level(value: object) -> str | None:
+    return None if value != 0 else "Value must be -1 or between 1 and 9"
+
+
+_NO_COMPACTION: Final = "luxun keeps no compacted topics (only cleanup.policy=delete)"
+_NO_TIERING: Final = "luxun has no tiered storage"
+
+#: Every topic-level key of Apache Kafka's TopicConfig, by name.
+TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
+    c.name: c
+    for c in (
+        TopicConfig(
+            "cleanup.policy", "list", "delete", ONLY, choices=("compact", "delete"),
+            supported=(["delete"],), why=_NO_COMPACTION,
+        ),
+        TopicConfig(
+            "compression.type", "string", "producer", ONLY,
+            choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"), supported=("producer",),
+            why="luxun stores record batches as the producer compressed them (only compression.type=producer)",
+        ),
+        TopicConfig("compression.gzip.level", "int", "-1", IGNORED, lo=-1, hi=9, valid=_gzip_level),
+        TopicConfig("compression.lz4.level", "int", "9", IGNORED, lo=1, hi=17),
+        TopicConfig("compression.zstd.level", "int", "3", IGNORED, lo=-131072, hi=22),
+        TopicConfig("delete.retention.ms", "long", "86400000", IGNORED, lo=0),
+        TopicConfig("file.delete.delay.ms", "long", "60000", IGNORED, lo=0),
+        TopicConfig(
+            "flush.messages", "long", str(INT64_MAX), ONLY, lo=1, supported=(INT64_MAX,),
+            why="per-topic flushes are the broker's (log.flush.count, topic.flush.intervals.ms)",
+        ),
+        TopicConfig(
+            "flush.ms", "long", str(INT64_MAX), ONLY, lo=0, supported=(INT64_MAX,),
+            why="per-topic flushes are the broker's (log.flush.count, topic.flush.intervals.ms)",
+        ),
+        TopicConfig("follower.replication.throttled.replicas", "list", "", IGNORED, valid=_throttled_replicas),
+        TopicConfig("leader.replication.throttled.replicas", "list", "", IGNORED, valid=_throttled_replicas),
+        TopicConfig("index.interval.bytes", "int", "4096", IGNORED, lo=0),
+        TopicConfig("local.retention.bytes", "long", "-2", IGNORED, lo=-2),
+        TopicConfig("local.retention.ms", "long", "-2", IGNORED, lo=-2),
+        TopicConfig("max.compaction.lag.ms", "long", str(INT64_MAX), IGNORED, lo=1),
+        TopicConfig("min.compaction.lag.ms", "long", "0", IGNORED, lo=0),
+        TopicConfig("min.cleanable.dirty.ratio", "double", "0.5", IGNORED, lo=0, hi=1),
+        # supported: the broker's message.max.bytes, filled in by check_topic_configs.
+        TopicConfig(
+            "max.message.bytes", "int", "1048588", ONLY, lo=0,
+            why="the broker's message.max.bytes applies to every topic",
+        ),
+        TopicConfig("message.downconversion.enable", "boolean", "true", IGNORED),
+        TopicConfig("message.format.version", "string", "3.0-IV1", IGNORED, valid=_format_version),
+        TopicConfig(
+            "message.timestamp.after.max.ms", "long", str(INT64_MAX), ONLY, lo=0, supported=(INT64_MAX,),
+            why="records are not refused for their timestamps",
+        ),
+        TopicConfig(
+            "message.timestamp.before.max.ms", "long", str(INT64_MAX), ONLY, lo=0, supported=(INT64_MAX,),
+            why="records are not refused for their timestamps",
+        ),
+        TopicConfig(
+            "message.timestamp.difference.max.ms", "long", str(INT64_MAX), ONLY, lo=0, supported=(INT64_MAX,),
+            why="records are not refused for their timestamps",
+        ),
+        TopicConfig(
+            "message.timestamp.type", "string", "CreateTime", HONOURED, choices=("CreateTime", "LogAppendTime"),
+        ),
+        TopicConfig(
+            "min.insync.replicas", "int", "1", ONLY, lo=1, supported=(1,),
+            why="luxun is one broker: each partition has one replica",
+        ),
+        TopicConfig("preallocate", "boolean", "false", IGNORED),
+        TopicConfig("remote.storage.enable", "boolean", "false", ONLY, supported=(False,), why=_NO_TIERING),
+        TopicConfig("remote.log.copy.disable", "boolean", "false", IGNORED),
+        TopicConfig("remote.log.delete.on.disable", "boolean", "false", IGNORED),
+        TopicConfig("retention.bytes", "long", "-1", HONOURED),
+        TopicConfig("retention.ms", "long", "604800000", HONOURED, lo=-1),
+        TopicConfig("segment.bytes", "int", "1073741824", IGNORED, lo=14),
+        TopicConfig("segment.index.bytes", "int", "10485760", IGNORED, lo=4),
+        TopicConfig("segment.jitter.ms", "long", "0", IGNORED, lo=0),
+        TopicConfig("segment.ms", "long", "604800000", IGNORED, lo=1),
+        TopicConfig("unclean.leader.election.enable", "boolean", "false", IGNORED),
+    )
+}  # fmt: skip
+
+
+def _number(text: str, kind: str) -> int | float:
+    """Parse as Java's Integer/Long/Double.parseDouble; ValueError naming Kafka's type."""
+    try:
+        if kind == "double":
+            value: int | float = float(text)
+            if value != value:  # NaN
+                raise ValueError
+            return value
+        if not re.fullmatch(r"[+-]?\d+", text):
+            raise ValueError
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"Not a number of type {kind.upper()}") from None
+    lo, hi = (INT32_MIN, INT32_MAX) if kind == "int" else (INT64_MIN, INT64_MAX)
+    if not lo <= value <= hi:
+        raise ValueError(f"Not a number of type {kind.upper()}")
+    return value
+
+
+def _parse(key: TopicConfig, raw: str) -> object:
+    """The value of ``raw`` for ``key`` (Kafka's ConfigDef.parseType and validator)."""
+    text = raw.strip()
+    value: object
+    if key.kind in ("int", "long", "double"):
+        value = _number(text, key.kind)
+        if key.lo is not None and value < key.lo:
+            raise ValueError(f"Value must be at least {_plain(key.lo)}")
+        if key.hi is not None and value > key.hi:
+            raise ValueError(f"Value must be no more than {_plain(key.hi)}")
+    elif key.kind == "boolean":
+        if text.lower() not in ("true", "false"):
+            raise ValueError("Expected value to be either true or false")
+        value = text.lower() == "true"
+    elif key.kind == "list":
+        value = [] if not text else [v.strip() for v in text.split(",")]
+        bad = [v for v in value if key.choices and v not in key.choices]
+        if bad:
+            raise ValueError(f"String must be one of: {', '.join(key.choices)}")
+    else:
+        value = text
+        if key.choices and value not in key.choices:
+            raise ValueError(f"String must be one of: {', '.join(key.choices)}")
+    if key.valid is not None:
+        why = key.valid(value)
+        if why is not None:
+            raise ValueError(why)
+    return value
+
+
+def _plain(bound: float) -> str:
+    return str(int(bound)) if bound == int(bound) else str(bound)
+
+
+def check_topic_configs(configs: Iterable[tuple[str, str | None]], *, max_message_bytes: int) -> dict[str, str]:
+    """Check one CreateTopics topic's configs (``(name, value)`` pairs in request order):
+    the configs to keep (name -> value as given, blanks stripped).
+
+    ``max_message_bytes``: the broker's ``message.max.bytes`` (the only
+    ``max.message.bytes`` accepted).
+
+    Raises:
+        ConfigProblem: the first refused config: an unknown key, a key given twice, a
+            null or invalid value, or a value luxun does not support.
+    """
+    kept: dict[str, str] = {}
+    for name, raw in configs:
+        key = TOPIC_CONFIGS.get(name)
+        if key is None:
+            raise ConfigProblem(f"Unknown topic config name: {name}")
+        if name in kept:
+            raise ConfigProblem(f"Topic config {name} is given more than once")
+        if raw is None:
+            raise ConfigProblem(f"Null value not supported for topic configs: {name}")
+        try:
+            value = _parse(key, raw)
+        except ValueError as exc:
+            raise ConfigProblem(f"Invalid value {raw} for configuration {name}: {exc}") from None
+        if key.handling == ONLY:
+            supported = (max_message_bytes,) if name == "max.message.bytes" else key.supported
+            if value not in supported:
+                allowed = ", ".join(_show(v) for v in supported)
+                raise ConfigProblem(f"luxun does not support {name}={raw.strip()}: {key.why} (accepted: {allowed})")
+        kept[name] = raw.strip()
+    return kept
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(value)
+    return str(value)
