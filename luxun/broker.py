@@ -243,6 +243,8 @@ class Broker:
                 flush_interval_ms=config.flush_interval_ms,
                 topic_flush_intervals_ms=config.topic_flush_intervals_ms,
                 tick_s=tick_s,
+                # A Kafka topic's retention.ms/retention.bytes, for each of its partitions.
+                topic_overrides=None if self.kafka_server is None else self.kafka_handler.log.retention_overrides,
             )
         except BaseException:
             groups = getattr(self, "kafka_groups", None)

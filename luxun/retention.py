@@ -6,6 +6,9 @@ One daemon thread wakes every ``tick_s`` seconds and, per topic:
   (``log.retention.hours`` or its ``topic.log.retention.hours`` override), judged by
   each item's append time, so small topics are trimmed too; then trims the topic to
   ``log.retention.size`` bytes of page files (``-1``: no limit); then unmaps idle pages;
+- a door may override both limits per topic (``topic_overrides``: the Kafka door's
+  ``retention.ms`` and ``retention.bytes`` given at a topic's creation, for each of its
+  partitions); an override wins over the broker's settings for that topic;
 - flushes (msync) a topic whose flush interval (``log.default.flush.interval.ms`` or
   its ``topic.flush.intervals.ms`` override; ``<= 0``: never) has passed.
 """
@@ -16,12 +19,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import TypeAlias
 
 from bigarray import now_ms
 
 from .topics import Topic, TopicManager
 
 log = logging.getLogger(__name__)
+
+#: A topic's name -> (retention in ms, retention in bytes) of its own; None where the
+#: broker's setting applies; a negative value: no limit.
+RetentionOverrides: TypeAlias = Callable[[str], tuple[int | None, int | None]]
 
 
 class Maintenance:
@@ -39,6 +47,7 @@ class Maintenance:
         topic_flush_intervals_ms: Mapping[str, int],
         tick_s: float,
         clock_ms: Callable[[], int] = now_ms,
+        topic_overrides: RetentionOverrides | None = None,
     ) -> None:
         self.topics = topics
         self.retention_hours = retention_hours
@@ -49,6 +58,7 @@ class Maintenance:
         self.topic_flush_intervals_ms = dict(topic_flush_intervals_ms)
         self.tick_s = max(0.05, tick_s)
         self._clock_ms = clock_ms
+        self.topic_overrides = topic_overrides
         self._stop = threading.Event()
         self._next_cleanup = time.monotonic() + cleanup_interval_s
         self._thread = threading.Thread(target=self._run, name="luxun-maintenance", daemon=True)
@@ -87,10 +97,10 @@ class Maintenance:
         for view in self.topics.views():
             if isinstance(view, Topic):
                 continue  # open: done above
-            hours = self.topic_retention_hours.get(view.name, self.retention_hours)
+            keep_ms, keep_bytes = self._limits(view.name)
             snapshot = view.queue
-            expired = hours > 0 and 0 < snapshot.oldest_ms() < self._clock_ms() - int(hours * 3_600_000)
-            oversized = 0 <= self.retention_size_bytes < snapshot.back_file_size()
+            expired = keep_ms >= 0 and 0 < snapshot.oldest_ms() < self._clock_ms() - keep_ms
+            oversized = 0 <= keep_bytes < snapshot.back_file_size()
             if expired or oversized:
                 try:
                     opened = self.topics.open(view.name)
@@ -104,26 +114,26 @@ class Maintenance:
         queue = topic.queue
         try:
             if cleanup:
-                hours = self.topic_retention_hours.get(topic.name, self.retention_hours)
-                if hours > 0:
+                keep_ms, keep_bytes = self._limits(topic.name)
+                if keep_ms >= 0:
                     before = queue.tail
-                    queue.remove_before(self._clock_ms() - int(hours * 3_600_000))
+                    queue.remove_before(self._clock_ms() - keep_ms)
                     if queue.tail > before:
                         log.info(
                             "retention: topic %r dropped %d items older than %g h",
                             topic.name,
                             queue.tail - before,
-                            hours,
+                            keep_ms / 3_600_000,
                         )
-                if self.retention_size_bytes >= 0:
+                if keep_bytes >= 0:
                     before = queue.tail
-                    queue.limit_back_file_size(self.retention_size_bytes)
+                    queue.limit_back_file_size(keep_bytes)
                     if queue.tail > before:
                         log.info(
                             "retention: topic %r dropped %d items to stay under %d bytes",
                             topic.name,
                             queue.tail - before,
-                            self.retention_size_bytes,
+                            keep_bytes,
                         )
                 queue.array.expire_idle_pages()
             interval_ms = self.topic_flush_intervals_ms.get(topic.name, self.flush_interval_ms)
@@ -134,3 +144,18 @@ class Maintenance:
             if queue.closed:
                 return  # deleted, or closed to make room, meanwhile
             log.error("maintenance of topic %r failed: %s", topic.name, exc)
+
+    def _limits(self, name: str) -> tuple[int, int]:
+        """Topic ``name``'s retention: (age in ms, size in bytes); negative: no limit."""
+        hours = self.topic_retention_hours.get(name, self.retention_hours)
+        keep_ms = int(hours * 3_600_000) if hours > 0 else -1
+        keep_bytes = self.retention_size_bytes
+        if self.topic_overrides is not None:
+            try:
+                own_ms, own_bytes = self.topic_overrides(name)
+            except Exception:
+                log.exception("reading the retention settings of topic %r failed", name)
+                own_ms = own_bytes = None
+            keep_ms = keep_ms if own_ms is None else own_ms
+            keep_bytes = keep_bytes if own_bytes is None else own_bytes
+        return keep_ms, keep_bytes

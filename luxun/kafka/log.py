@@ -395,6 +395,17 @@ class KafkaLog:
             return
         shutil.rmtree(trash, ignore_errors=True)
 
+    def retention_overrides(self, name: str) -> tuple[int | None, int | None]:
+        """``retention.ms`` and ``retention.bytes`` given at the creation of the Kafka
+        topic whose partition is the luxun topic ``name`` (None: not given; the broker's
+        settings apply). For :class:`~luxun.retention.Maintenance` (``topic_overrides``)."""
+        topic = partition_of(name)[0]
+        info = self._infos.get(topic) or self.describe(topic)
+        if info is None or not info.configs:
+            return None, None
+        ms, size = info.configs.get("retention.ms"), info.configs.get("retention.bytes")
+        return (None if ms is None else int(ms)), (None if size is None else int(size))
+
     def auto_create(self, topic: str) -> tuple[int, str | None]:
         """Create ``topic`` with ``num.partitions`` if auto-creation is on."""
         if not self.topics.auto_create:

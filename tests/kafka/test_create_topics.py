@@ -114,6 +114,16 @@ def test_check_topic_configs_table() -> None:
     assert kept["retention.ms"] == "3600000" and len(kept) == 7
 
 
+def test_readme_names_every_topic_config() -> None:
+    """The README's table of topic configs (Kafka clients: Creating topics) names each key."""
+    from luxun.kafka.topic_configs import TOPIC_CONFIGS
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("**Creating topics.**") : readme.index("**Consumer groups.**")]
+    named = set(re.findall(r"`([a-z0-9.]+)(?:=[^`]*)?`", section))
+    assert sorted(set(TOPIC_CONFIGS) - named) == []
+
+
 def test_unknown_config_key_is_refused_and_nothing_is_made(broker: BrokerProcess) -> None:
     """INVALID_CONFIG naming the key, through kafka-python, confluent-kafka and a raw
     frame; no directory is made. Before, the key was ignored and the topic created."""
@@ -366,3 +376,51 @@ def test_leftovers_of_an_interrupted_creation_are_removed_at_start(tmp_path: Pat
     finally:
         broker.stop()
     assert os.path.isfile(data / "fresh" / "kafka.json")
+
+
+def test_retention_given_at_creation_is_honoured(tmp_path: Path) -> None:
+    """retention.ms and retention.bytes of a CreateTopics apply to each partition of
+    the topic, over the broker's retention (168 h, no size limit); a topic without them
+    keeps the broker's. Before, both were accepted and ignored."""
+    from bigarray.prefetch import PREFETCHER
+    from luxun.kafka.log import KafkaLog
+    from luxun.retention import Maintenance
+    from luxun.topics import TopicManager
+
+    from ._kafka import record_batch
+
+    now = [0]
+    topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=4096)
+    try:
+        kafka = KafkaLog(topics)
+        index_page_and_3_data_pages = 4 * 1024 * 1024 + 3 * 4096
+        assert kafka.create("short", 2, configs=[("retention.ms", "3600000")]) == (0, None)
+        assert kafka.create("small", 1, configs=[("retention.bytes", str(index_page_and_3_data_pages))]) == (0, None)
+        assert kafka.create("plain", 1) == (0, None)
+        for topic, partitions, batches in (("short", 2, 5), ("plain", 1, 5), ("small", 1, 100)):
+            for p in range(partitions):
+                for _ in range(batches):
+                    assert kafka.produce(topic, p, record_batch([b"v" * 100])).error == 0
+        now[0] = topics.open("short~1").queue.timestamp(4) + 2 * 3_600_000  # two hours after the last
+        assert PREFETCHER.wait_idle(60)
+        maintenance = Maintenance(
+            topics,
+            retention_hours=168,
+            topic_retention_hours={},
+            retention_size_bytes=-1,
+            cleanup_interval_s=3600,
+            flush_interval_ms=-1,
+            topic_flush_intervals_ms={},
+            tick_s=1,
+            clock_ms=lambda: now[0],
+            topic_overrides=kafka.retention_overrides,
+        )
+        maintenance.run_once(force_cleanup=True)
+        sizes = {name: topics.open(name).queue.size() for name in ("short", "short~1", "plain")}
+        assert sizes == {"short": 0, "short~1": 0, "plain": 5}
+        small = topics.open("small")
+        assert small is not None
+        assert small.queue.back_file_size() <= index_page_and_3_data_pages
+        assert 0 < small.queue.size() < 100
+    finally:
+        topics.close()
