@@ -17,9 +17,11 @@ partition's time index (:mod:`.timeindex`), which each produce extends by its
 batches' max timestamps under the partition's lock.
 
 A topic's Kafka settings live in ``kafka.json`` in the directory of its partition 0
-(``partitions``, ``topic_id``, ``timestamp_type``); a luxun topic without one is a
-one-partition topic with CreateTime and a topic id derived from its name. Java
-Luxun ignores the file.
+(``partitions``, ``topic_id``, ``timestamp_type``, the ``configs`` given at creation,
+see :mod:`.topic_configs`); a luxun topic without one is a one-partition topic with
+CreateTime and a topic id derived from its name. Java Luxun ignores the file. A
+creation writes it last (as ``kafka.json.tmp`` first, which marks the creation as
+under way); :func:`remove_interrupted_creations` removes at start what a crash left.
 
 Idempotent producers: per partition, the last sequence numbers of each producer id
 (the last five batches, as Kafka) are kept in memory: a retried batch is answered

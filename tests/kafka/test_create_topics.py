@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -424,3 +425,36 @@ def test_retention_given_at_creation_is_honoured(tmp_path: Path) -> None:
         assert 0 < small.queue.size() < 100
     finally:
         topics.close()
+
+
+def test_a_creation_failing_for_want_of_descriptors_leaves_nothing(tmp_path: Path) -> None:
+    """Too many open files part-way through the partitions: KAFKA_STORAGE_ERROR, every
+    partition made and the staged directory of partition 0 go again, and a smaller
+    topic can be made afterwards. (A regression test of the staged creation; main
+    passes it too.)"""
+    import resource
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (80, 80))
+
+    props = tmp_path / "limits.properties"
+    props.write_text("log.backfile.page.size=4096\nmax.open.topics=100000\n")
+    broker = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", "--config", str(props), kafka=True, preexec_fn=few_descriptors
+    ).start()
+    try:
+        got = _results(broker, [{"name": "wide", "partitions": 40}])
+        assert got["wide"].error_code == 56, got["wide"]  # KAFKA_STORAGE_ERROR
+        assert "Too many open files" in got["wide"].error_message
+        deadline = time.monotonic() + 20  # the partitions' directories go in the background
+
+        def left() -> list[str]:
+            return [e for e in os.listdir(broker.data_dir) if e != ".luxun.lock"]
+
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left() == []
+        assert _results(broker, [{"name": "narrow", "partitions": 2}])["narrow"].error_code == 0
+        assert _topic_dirs(broker.data_dir) == ["narrow", "narrow~1"]
+    finally:
+        broker.stop()
