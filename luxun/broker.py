@@ -269,6 +269,9 @@ class Broker:
             host=host,
             port=config.kafka_port,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            max_groups=config.max_groups,
+            offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+            offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
         )
         self.metrics.kafka_groups = self.kafka_groups
         self.kafka_handler = KafkaHandler(

@@ -167,6 +167,14 @@ DEFAULT_KAFKA_FETCH_BUFFER_BYTES = 256 << 20
 #: Kafka group joins wait this long for more members before the first rebalance
 #: (Kafka's default is 3000 ms; 0 here: no long initial delay).
 DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS = 0
+#: Kafka consumer groups the coordinator keeps in memory at most (ours; Kafka has no
+#: such limit): a JoinGroup that would make one more is refused (GROUP_MAX_SIZE_REACHED).
+DEFAULT_MAX_GROUPS = 10_000
+#: An empty Kafka group's committed offsets are dropped this long after it became
+#: empty (Kafka's offsets.retention.minutes default, 7 days).
+DEFAULT_OFFSETS_RETENTION_MINUTES = 7 * 24 * 60
+#: How often expired offsets are looked for (Kafka's offsets.retention.check.interval.ms).
+DEFAULT_OFFSETS_RETENTION_CHECK_INTERVAL_MS = 600_000
 #: The SASL mechanisms the Kafka port can offer (``kafka.sasl.mechanisms`` names a subset;
 #: none: SASL off). luxun.kafka.sasl implements them.
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -297,6 +305,18 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = field(
         default=DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS,
         metadata=_key("group.initial.rebalance.delay.ms", 0, INT32_MAX, ours=True),
+    )
+    #: Kafka consumer groups kept in memory at most (see docs/groups.md).
+    max_groups: int = field(default=DEFAULT_MAX_GROUPS, metadata=_key("max.groups", 1, INT32_MAX, ours=True))
+    #: How long an empty Kafka group's committed offsets are kept (see docs/groups.md).
+    offsets_retention_minutes: int = field(
+        default=DEFAULT_OFFSETS_RETENTION_MINUTES,
+        metadata=_key("offsets.retention.minutes", 1, INT32_MAX, ours=True),
+    )
+    #: How often expired Kafka group offsets are looked for.
+    offsets_retention_check_interval_ms: int = field(
+        default=DEFAULT_OFFSETS_RETENTION_CHECK_INTERVAL_MS,
+        metadata=_key("offsets.retention.check.interval.ms", 1, INT32_MAX, ours=True),
     )
     #: The SASL mechanisms the Kafka port offers (of ``KAFKA_SASL_MECHANISMS``); (): SASL off.
     kafka_sasl_mechanisms: tuple[str, ...] = field(default=(), metadata=_key("kafka.sasl.mechanisms", ours=True))
@@ -609,11 +629,14 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_KAFKA_ALLOW_UNAUTHENTICATED",
     "DEFAULT_MAX_MESSAGE_SIZE_BYTES",
+    "DEFAULT_MAX_GROUPS",
     "DEFAULT_MAX_OPEN_TOPICS",
     "DEFAULT_MAX_TOPICS",
     "DEFAULT_METRICS_HOST",
     "DEFAULT_METRICS_PORT",
     "DEFAULT_MONITORING_PERIOD_SECS",
+    "DEFAULT_OFFSETS_RETENTION_CHECK_INTERVAL_MS",
+    "DEFAULT_OFFSETS_RETENTION_MINUTES",
     "DEFAULT_PORT",
     "DEFAULT_RETENTION_HOURS",
     "DEFAULT_RETENTION_SIZE_BYTES",

@@ -26,6 +26,13 @@ _NO_AUTHORIZED_OPERATIONS: Final = -(2**31)
 class GroupAdmin(GroupRegistry):
     """DescribeGroups, ListGroups, DeleteGroups, OffsetCommit, OffsetFetch over the registry."""
 
+    def _note_empty(self, group_id: str, now: float) -> None:
+        """See :meth:`~luxun.kafka.groups.GroupCoordinator._note_empty`."""
+        raise NotImplementedError
+
+    def _forget_empty(self, group_id: str) -> None:
+        raise NotImplementedError
+
     # -- DescribeGroups, ListGroups, DeleteGroups ------------------------------------------------
     def _describe_groups(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
         return {"groups": [self._describe_one(g, version) for g in request.groups]}
@@ -107,6 +114,7 @@ class GroupAdmin(GroupRegistry):
                 return _E.group_id_not_found
             # under the group's lock (if it was known): no commit of it runs meanwhile
             self.offsets.delete_group(group_id)
+            self._forget_empty(group_id)
         log.info("group %r deleted with its committed offsets", group_id)
         return _E.none
 
@@ -138,6 +146,8 @@ class GroupAdmin(GroupRegistry):
                 error = _E.rebalance_in_progress
             else:
                 group.members[member_id].heartbeat_s = now
+            if error is None and not group.members:  # a simple consumer's: its retention runs from now
+                self._note_empty(group_id, now)
             # stored under the group's lock, as Kafka does: no rebalance in between
             return self._commit_answers(request, group_id, error)
 
@@ -190,13 +200,16 @@ class GroupAdmin(GroupRegistry):
         else:
             wanted = [(t.name, list(t.partition_indexes)) for t in topics]
         out = []
+        group_error = _E.none
         for name, parts in wanted:
             rows = []
             for p in parts:
                 offset, metadata, code = self.offsets.fetch(group_id, name, p)
                 rows.append(_fetched(p, offset, metadata, code))
+                if code is _E.group_authorization_failed:  # read by Thrift consumers (docs/groups.md)
+                    group_error = code
             out.append({"name": name, "partitions": rows})
-        return {"group_id": group_id, "error_code": _E.none, "topics": out}
+        return {"group_id": group_id, "error_code": group_error, "topics": out}
 
 
 def _fetched(partition: int, offset: int, metadata: str, code: ErrorCode) -> dict[str, Any]:

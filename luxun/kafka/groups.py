@@ -28,7 +28,20 @@ port given to :class:`GroupCoordinator`). A group goes through Kafka's states:
 ``Dead``
     unknown: deleted (DeleteGroups, with its offsets) or never seen. An Empty group
     without members is forgotten (from memory; its offsets stay) after
-    ``empty_group_ttl_ms`` without requests, so memory holds the groups in use only.
+    ``empty_group_ttl_ms`` without requests, so memory holds the groups in use only;
+    one that never had a generation (its only JoinGroup got a member id that never
+    came back: dropped after that JoinGroup's session timeout) is forgotten at once.
+
+Bounds (docs/groups.md): at most ``max_groups`` groups in memory (a JoinGroup that
+would make one more is answered GROUP_MAX_SIZE_REACHED: the one Kafka code that says a
+group limit of the coordinator is reached, and clients hand it to the application
+rather than retry it for ever); an Empty group's committed offsets are deleted
+``offsets_retention_ms`` after it became empty or was last committed to, whichever is
+later (Kafka's offsets.retention.minutes), checked every
+``offsets_retention_check_interval_ms``. The retention clock runs for the groups the
+Kafka door committed to or emptied since the broker started; a group whose committed
+page was written since (a Thrift ``commitOffset``: the page's modification time) is
+kept, so a group Thrift consumers took over is not expired under them.
 
 A JoinGroup without a member id (v4+) gets a new one with MEMBER_ID_REQUIRED and must
 join again with it (KIP-394); members with a ``group.instance.id`` (static members,
@@ -63,10 +76,15 @@ from typing import Any, ClassVar, Final
 
 from kio.schema.errors import ErrorCode
 
+from ..config import (
+    DEFAULT_MAX_GROUPS,
+    DEFAULT_OFFSETS_RETENTION_CHECK_INTERVAL_MS,
+    DEFAULT_OFFSETS_RETENTION_MINUTES,
+)
 from ..logs import RateLimitedLog
 from ..topics import TopicManager
 from .group_admin import GroupAdmin
-from .membership import Group, GroupState, Member, Waiter, ms_of, set_timeouts, valid_group_id
+from .membership import Group, GroupLimitError, GroupState, Member, Waiter, ms_of, set_timeouts, valid_group_id
 from .offsets import OffsetStore
 from .protocol import build, response_schema
 
@@ -107,6 +125,11 @@ class GroupCoordinator(GroupAdmin):
         empty_group_ttl_ms: an Empty group without members is forgotten (from memory;
             its committed offsets stay) after this long without a request, so memory
             stays bounded by the groups in use.
+        max_groups: the most groups kept in memory (a JoinGroup for one more:
+            GROUP_MAX_SIZE_REACHED).
+        offsets_retention_ms: an Empty group's committed offsets are deleted this long
+            after it became empty (or its last commit, if later).
+        offsets_retention_check_interval_ms: how often expired offsets are looked for.
         clock: monotonic seconds (tests may pass their own).
     """
 
@@ -138,6 +161,9 @@ class GroupCoordinator(GroupAdmin):
         max_session_timeout_ms: int = DEFAULT_MAX_SESSION_TIMEOUT_MS,
         initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS,
         empty_group_ttl_ms: int = DEFAULT_EMPTY_GROUP_TTL_MS,
+        max_groups: int = DEFAULT_MAX_GROUPS,
+        offsets_retention_ms: int = DEFAULT_OFFSETS_RETENTION_MINUTES * 60_000,
+        offsets_retention_check_interval_ms: int = DEFAULT_OFFSETS_RETENTION_CHECK_INTERVAL_MS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.offsets = OffsetStore(topics)
@@ -148,9 +174,18 @@ class GroupCoordinator(GroupAdmin):
         self.max_session_timeout_ms = max_session_timeout_ms
         self.initial_rebalance_delay_s = initial_rebalance_delay_ms / 1000
         self.empty_group_ttl_s = empty_group_ttl_ms / 1000
+        self.max_groups = max_groups
+        self.offsets_retention_s = offsets_retention_ms / 1000
+        self.offsets_retention_check_s = offsets_retention_check_interval_ms / 1000
         self.clock = clock
-        self._lock = threading.Lock()  # guards _groups only
+        self._lock = threading.Lock()  # guards _groups and _empty_since
         self._groups: dict[str, Group] = {}
+        #: Group id -> when (clock) it was last seen empty by a commit or a member's
+        #: leaving: the groups whose offsets may expire.
+        self._empty_since: dict[str, float] = {}
+        self._next_retention_check = clock() + self.offsets_retention_check_s
+        #: Committed offsets of empty groups deleted by retention, all groups.
+        self.expired_total = 0
         self._closed = threading.Event()
         #: Rebalances completed (a new generation), all groups.
         self.rebalances_total = 0
@@ -248,15 +283,13 @@ class GroupCoordinator(GroupAdmin):
     def _join(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
         group_id = request.group_id
         member_id = request.member_id or ""
-        instance_id = getattr(request, "group_instance_id", None)
         session_ms = ms_of(request.session_timeout)
         rebalance_ms = ms_of(getattr(request, "rebalance_timeout", None)) if version >= 1 else session_ms
         if rebalance_ms < 0:
             rebalance_ms = session_ms
-        protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
 
-        def error(code: ErrorCode, member: str = member_id) -> dict[str, Any]:
-            return _join_error(code, member)
+        def error(code: ErrorCode) -> dict[str, Any]:
+            return _join_error(code, member_id)
 
         if not valid_group_id(group_id):
             return error(_E.invalid_group_id)
@@ -264,67 +297,95 @@ class GroupCoordinator(GroupAdmin):
             return error(_E.invalid_session_timeout)
         if self._closed.is_set():
             return error(_E.coordinator_not_available)
-        with self._locked(group_id, create=not member_id) as group:
-            if group is None:
-                return error(_E.unknown_member_id)
-            now = self.clock()
-            if group.state is GroupState.DEAD:
-                return error(_E.coordinator_not_available)
-            if not member_id:
-                if not group.supports(request.protocol_type, protocols):
-                    return error(_E.inconsistent_group_protocol)
-                new_id = f"{instance_id or client_id}-{uuid.uuid4()}"
-                if instance_id is not None and instance_id in group.static:
-                    old = group.members[group.static[instance_id]]
-                    set_timeouts(old, session_ms, rebalance_ms)
-                    result = self._join_static_again(group, old, new_id, protocols, now)
-                    if isinstance(result, dict):
-                        return result
-                    waiter = result
-                elif instance_id is None and version >= 4:
-                    group.pending[new_id] = now + session_ms / 1000
-                    return error(_E.member_id_required, new_id)
-                else:
-                    member = Member(new_id, instance_id, client_id, client_host)
-                    set_timeouts(member, session_ms, rebalance_ms)
-                    waiter = self._add_member(group, member, request.protocol_type, protocols, now)
-            elif member_id in group.pending:
-                if instance_id is not None:
-                    return error(_E.invalid_request)
-                del group.pending[member_id]
-                if not group.supports(request.protocol_type, protocols):
-                    return error(_E.inconsistent_group_protocol)
-                member = Member(member_id, None, client_id, client_host)
+        try:
+            with self._locked(group_id, create=not member_id, limited=True) as group:
+                return self._join_locked(group, request, version, client_id, client_host, session_ms, rebalance_ms)
+        except GroupLimitError:
+            _limited.warning(
+                "max-groups",
+                "JoinGroup of new group %r refused: the coordinator holds max.groups = %d groups",
+                group_id,
+                self.max_groups,
+            )
+            return error(_E.group_max_size_reached)
+
+    def _join_locked(
+        self,
+        group: Group | None,
+        request: Any,
+        version: int,
+        client_id: str,
+        client_host: str,
+        session_ms: int,
+        rebalance_ms: int,
+    ) -> dict[str, Any]:
+        member_id = request.member_id or ""
+        instance_id = getattr(request, "group_instance_id", None)
+        protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
+
+        def error(code: ErrorCode, member: str = member_id) -> dict[str, Any]:
+            return _join_error(code, member)
+
+        if group is None:
+            return error(_E.unknown_member_id)
+        now = self.clock()
+        if group.state is GroupState.DEAD:
+            return error(_E.coordinator_not_available)
+        if not member_id:
+            if not group.supports(request.protocol_type, protocols):
+                return error(_E.inconsistent_group_protocol)
+            new_id = f"{instance_id or client_id}-{uuid.uuid4()}"
+            if instance_id is not None and instance_id in group.static:
+                old = group.members[group.static[instance_id]]
+                set_timeouts(old, session_ms, rebalance_ms)
+                result = self._join_static_again(group, old, new_id, protocols, now)
+                if isinstance(result, dict):
+                    return result
+                waiter = result
+            elif instance_id is None and version >= 4:
+                group.pending[new_id] = now + session_ms / 1000
+                return error(_E.member_id_required, new_id)
+            else:
+                member = Member(new_id, instance_id, client_id, client_host)
                 set_timeouts(member, session_ms, rebalance_ms)
                 waiter = self._add_member(group, member, request.protocol_type, protocols, now)
-            else:
-                if group.fenced(member_id, instance_id):
-                    return error(_E.fenced_instance_id)
-                member_or_none = group.members.get(member_id)
-                if member_or_none is None or (instance_id is not None and instance_id not in group.static):
-                    return error(_E.unknown_member_id)
-                member = member_or_none
-                if not group.supports(request.protocol_type, protocols):
-                    return error(_E.inconsistent_group_protocol)
-                set_timeouts(member, session_ms, rebalance_ms)
-                member.heartbeat_s = now
-                state = group.state
-                if state is GroupState.PREPARING_REBALANCE:
+        elif member_id in group.pending:
+            if instance_id is not None:
+                return error(_E.invalid_request)
+            del group.pending[member_id]
+            if not group.supports(request.protocol_type, protocols):
+                return error(_E.inconsistent_group_protocol)
+            member = Member(member_id, None, client_id, client_host)
+            set_timeouts(member, session_ms, rebalance_ms)
+            waiter = self._add_member(group, member, request.protocol_type, protocols, now)
+        else:
+            if group.fenced(member_id, instance_id):
+                return error(_E.fenced_instance_id)
+            member_or_none = group.members.get(member_id)
+            if member_or_none is None or (instance_id is not None and instance_id not in group.static):
+                return error(_E.unknown_member_id)
+            member = member_or_none
+            if not group.supports(request.protocol_type, protocols):
+                return error(_E.inconsistent_group_protocol)
+            set_timeouts(member, session_ms, rebalance_ms)
+            member.heartbeat_s = now
+            state = group.state
+            if state is GroupState.PREPARING_REBALANCE:
+                waiter = self._update_member(group, member, protocols, now)
+            elif state is GroupState.COMPLETING_REBALANCE:
+                if member.same_protocols(protocols):
+                    return self._join_result(group, member)
+                waiter = self._update_member(group, member, protocols, now)
+            elif state is GroupState.STABLE:
+                if group.is_leader(member_id) or not member.same_protocols(protocols):
                     waiter = self._update_member(group, member, protocols, now)
-                elif state is GroupState.COMPLETING_REBALANCE:
-                    if member.same_protocols(protocols):
-                        return self._join_result(group, member)
-                    waiter = self._update_member(group, member, protocols, now)
-                elif state is GroupState.STABLE:
-                    if group.is_leader(member_id) or not member.same_protocols(protocols):
-                        waiter = self._update_member(group, member, protocols, now)
-                    else:
-                        return self._join_result(group, member)
                 else:
-                    return error(_E.unknown_member_id)
-            if group.state is GroupState.PREPARING_REBALANCE:
-                self._maybe_complete_join(group, now)
-            return self._wait(group, waiter, _join_error(_E.coordinator_not_available, member_id))
+                    return self._join_result(group, member)
+            else:
+                return error(_E.unknown_member_id)
+        if group.state is GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(group, now)
+        return self._wait(group, waiter, _join_error(_E.coordinator_not_available, member_id))
 
     def _add_member(
         self, group: Group, member: Member, protocol_type: str, protocols: list[tuple[str, bytes]], now: float
@@ -460,6 +521,7 @@ class GroupCoordinator(GroupAdmin):
         if not group.members:
             group.protocol_name = None
             group.state = GroupState.EMPTY
+            self._note_empty(group.group_id, now)
             log.info("group %r: generation %d is empty", group.group_id, group.generation)
             group.cond.notify_all()
             return
@@ -551,6 +613,52 @@ class GroupCoordinator(GroupAdmin):
             wake = min(wake, group.touched_s + self.empty_group_ttl_s)
         return wake
 
+    # -- retention of committed offsets (Kafka's offsets.retention.minutes) ----------------------
+    def _note_empty(self, group_id: str, now: float) -> None:
+        """``group_id`` is empty at ``now`` (its last member left, or a commit without
+        members): its offsets expire ``offsets_retention_s`` later unless it is used."""
+        with self._lock:
+            self._empty_since[group_id] = now
+
+    def _forget_empty(self, group_id: str) -> None:
+        with self._lock:
+            self._empty_since.pop(group_id, None)
+
+    def expire_offsets(self) -> list[str]:
+        """Delete the committed offsets of every group empty for ``offsets_retention_s``
+        (none of its committed pages written meanwhile, by either door); the groups
+        deleted. Called by the background thread every
+        ``offsets_retention_check_interval_ms``; tests may call it."""
+        now = self.clock()
+        with self._lock:
+            due = [g for g, since in self._empty_since.items() if now - since >= self.offsets_retention_s]
+        expired = []
+        for group_id in due:
+            with self._locked(group_id, create=True) as group:
+                assert group is not None
+                if group.members or group.pending:  # in use again: noted when it empties
+                    self._forget_empty(group_id)
+                    continue
+                age = self.offsets.last_commit_age_s(group_id)
+                if age is None:  # no offsets left (deleted, or its topics)
+                    self._forget_empty(group_id)
+                    continue
+                if age < self.offsets_retention_s:  # written since (a Thrift commit): counts as use
+                    self._note_empty(group_id, now - age)
+                    continue
+                self.offsets.delete_group(group_id)
+                self._forget_empty(group_id)
+                if group.state is GroupState.EMPTY:
+                    self._evict(group)
+            self.expired_total += 1
+            expired.append(group_id)
+            log.info(
+                "group %r: committed offsets deleted, the group was empty for %.0f min (offsets.retention.minutes)",
+                group_id,
+                self.offsets_retention_s / 60,
+            )
+        return expired
+
     def _wait(self, group: Group, waiter: Waiter, closed: dict[str, Any]) -> dict[str, Any]:
         """Wait (the group's lock held, released while waiting) until ``waiter`` is
         answered; ``closed`` when the coordinator closes first."""
@@ -567,6 +675,12 @@ class GroupCoordinator(GroupAdmin):
     def _reap(self) -> None:
         while not self._closed.wait(TICK_S):
             now = self.clock()
+            if now >= self._next_retention_check:
+                self._next_retention_check = now + self.offsets_retention_check_s
+                try:
+                    self.expire_offsets()
+                except Exception:  # never let the thread die
+                    _limited.exception("retention", "expiring committed offsets failed")
             for group in self._all_groups():
                 if group.wake_s > now:  # nothing due (most groups, most of the time)
                     continue
@@ -575,7 +689,7 @@ class GroupCoordinator(GroupAdmin):
                         now = self.clock()
                         self._tick(group, now)
                         idle = group.state is GroupState.EMPTY and not group.members and not group.pending
-                        if idle and now - group.touched_s >= self.empty_group_ttl_s:
+                        if idle and (group.generation == 0 or now - group.touched_s >= self.empty_group_ttl_s):
                             self._evict(group)
                         group.wake_s = self._wake_time(group)
                 except Exception:  # never let the thread die: sessions would stop expiring

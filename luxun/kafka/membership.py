@@ -21,7 +21,21 @@ from bigarray import InvalidNameError, validate_name
 
 from .offsets import OffsetStore
 
-__all__ = ["Group", "GroupRegistry", "GroupState", "Member", "Waiter", "ms_of", "set_timeouts", "valid_group_id"]
+__all__ = [
+    "Group",
+    "GroupLimitError",
+    "GroupRegistry",
+    "GroupState",
+    "Member",
+    "Waiter",
+    "ms_of",
+    "set_timeouts",
+    "valid_group_id",
+]
+
+
+class GroupLimitError(Exception):
+    """A new group was asked for while the registry holds ``max_groups`` groups."""
 
 
 class GroupState(enum.StrEnum):
@@ -113,6 +127,12 @@ class Group:
     def is_leader(self, member_id: str) -> bool:
         return self.leader == member_id
 
+    def blank(self) -> bool:
+        """Nothing worth remembering: Empty, never a generation, no member, no member id
+        given out (a group made by a JoinGroup whose member never came back, or by a
+        simple consumer's commit)."""
+        return self.state is GroupState.EMPTY and self.generation == 0 and not self.members and not self.pending
+
     def rebalance_timeout_s(self) -> float:
         return max((m.rebalance_timeout_s for m in self.members.values()), default=0.0)
 
@@ -164,6 +184,7 @@ class GroupRegistry:
 
     offsets: OffsetStore
     clock: Callable[[], float]
+    max_groups: int
     _lock: threading.Lock
     _groups: dict[str, Group]
 
@@ -176,11 +197,17 @@ class GroupRegistry:
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def _locked(self, group_id: str, *, create: bool = False) -> Iterator[Group | None]:
+    def _locked(self, group_id: str, *, create: bool = False, limited: bool = False) -> Iterator[Group | None]:
         """The group called ``group_id`` (created if ``create``; None if unknown) with
-        its lock held. Order of locks: a group's, then the coordinator's map lock."""
+        its lock held. Order of locks: a group's, then the coordinator's map lock. A
+        group left :meth:`Group.blank` is forgotten at once.
+
+        Raises:
+            GroupLimitError: ``limited`` and the group would be one more than
+                ``max_groups``.
+        """
         while True:
-            group = self._group(group_id, create=create)
+            group = self._group(group_id, create=create, limited=limited)
             if group is None:
                 yield None
                 return
@@ -191,6 +218,8 @@ class GroupRegistry:
                 try:
                     yield group
                 finally:
+                    if group.blank() and not group.evicted:
+                        self._evict(group)
                     group.wake_s = self._wake_time(group)
                 return
 
@@ -203,10 +232,12 @@ class GroupRegistry:
             if self._groups.get(group.group_id) is group:
                 del self._groups[group.group_id]
 
-    def _group(self, group_id: str, *, create: bool = False) -> Group | None:
+    def _group(self, group_id: str, *, create: bool = False, limited: bool = False) -> Group | None:
         with self._lock:
             group = self._groups.get(group_id)
             if group is None and create:
+                if limited and len(self._groups) >= self.max_groups:
+                    raise GroupLimitError(group_id)
                 group = self._groups[group_id] = Group(group_id)
             return group
 

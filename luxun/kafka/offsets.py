@@ -16,9 +16,14 @@ So commits are crash-safe (written through the mapped page before the answer) an
 survive a broker restart. The commit's metadata string is kept in memory only (it is
 lost on a restart; OffsetFetch then answers ``""``).
 
-A group that has committed a position is an at-least-once group for the Thrift port
-too (``luxun/thrift/service.py``): consumes of it that move the position on their own are
-refused there.
+One group across both doors (docs/groups.md): a group that has committed a position
+on a topic is an at-least-once group for the Thrift port too
+(``luxun/thrift/service.py``): consumes of it that move the position on their own are
+refused there. The other way round, a group that Thrift consumers read by group on a
+topic (its position moves as they read: a ``front_index_<G>`` without a committed
+page) is theirs on that topic: a Kafka commit to it, or a fetch of its committed offset,
+is refused with GROUP_AUTHORIZATION_FAILED, so a Kafka client can neither turn it into
+an at-least-once group under them nor (by DeleteGroups after a commit) rewind it.
 
 Thread-safety: every method may be called from any thread.
 """
@@ -29,13 +34,14 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from bigarray import ArrayClosedError, IndexOutOfRangeError
-from bigarray.format import COMMITTED_DIR_PREFIX
+from bigarray.format import COMMITTED_DIR_PREFIX, FRONT_DIR_PREFIX, page_file_name
 
 from ..logs import RateLimitedLog
 from ..partitions import partition_of, partition_topic
@@ -91,6 +97,15 @@ class OffsetStore:
         def do(t: Topic) -> ErrorCode:
             queue = t.queue
             array = queue.array
+            if _read_by_thrift(t, group):
+                _limited.warning(
+                    f"thrift-group-{name}",
+                    "Kafka commit of group %r on topic %r refused: Thrift consumers read that group by "
+                    "group on that topic (its position moves as they read); use another group id",
+                    group,
+                    name,
+                )
+                return ErrorCode.group_authorization_failed
             try:
                 queue.commit(group, array.find_offset(offset), offset=offset)
             except IndexOutOfRangeError:  # retention moved tail past it meanwhile
@@ -114,6 +129,8 @@ class OffsetStore:
         found: list[int] = []
 
         def do(t: Topic) -> ErrorCode:
+            if _read_by_thrift(t, group):
+                return ErrorCode.group_authorization_failed
             found.append(_committed_offset(t, group))
             return ErrorCode.none
 
@@ -137,6 +154,22 @@ class OffsetStore:
                 if legal_topic_name(topic) is None:
                     out.append((topic, partition))
         return sorted(out)
+
+    def last_commit_age_s(self, group: str) -> float | None:
+        """Seconds since ``group``'s committed page was last written on any topic (by
+        either door: the page's modification time, which a write through the mapping
+        updates within about half a minute), None if it has none."""
+        newest = None
+        data_dir = self.topics.data_dir
+        for topic, partition in self.partitions(group):
+            folder = os.path.join(data_dir, partition_topic(topic, partition), COMMITTED_DIR_PREFIX + group)
+            page = os.path.join(folder, page_file_name(0))
+            try:
+                mtime = os.stat(page).st_mtime
+            except OSError:
+                continue
+            newest = mtime if newest is None else max(newest, mtime)
+        return None if newest is None else max(0.0, time.time() - newest)
 
     def has_offsets(self, group: str) -> bool:
         """True if ``group`` has a committed position on some topic."""
@@ -201,6 +234,13 @@ def _luxun_name(topic: Any, partition: Any) -> str | None:
     except ValueError:
         return None
     return name
+
+
+def _read_by_thrift(topic: Topic, group: str) -> bool:
+    """Whether Thrift consumers read ``group`` on ``topic`` by group (at-most-once: a
+    position and no committed one; only Thrift's consume by group makes that)."""
+    queue = topic.queue
+    return queue.committed(group) is None and os.path.isdir(os.path.join(queue.path, FRONT_DIR_PREFIX + group))
 
 
 def _committed_offset(topic: Topic, group: str) -> int:

@@ -892,8 +892,11 @@ class QueueHandler:
         return ready
 
     def _committed_group(self, name: str, group: str) -> Any:
-        """The refusal of an auto-moving consume of an at-least-once group."""
+        """The refusal of an auto-moving consume of an at-least-once group (committed by
+        a Thrift commitOffset or a Kafka OffsetCommit: one group for both doors, see
+        docs/groups.md). Refused here, on the door that asked; the IDL has no better code."""
         return InternalError(
-            f"group {group!r} of topic {name!r} commits its positions (at-least-once): consume it with "
-            "fromCommitted (StreamConsumer(auto_commit=False), luxun consume --commit), not by group"
+            f"group {group!r} of topic {name!r} commits its positions (at-least-once): a Thrift commitOffset or "
+            "a Kafka consumer group committed it; consume it with fromCommitted (StreamConsumer(auto_commit=False), "
+            "luxun consume --commit) or from Kafka, not by group"
         ).to_result()

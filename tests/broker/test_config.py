@@ -202,6 +202,9 @@ def test_known_keys_are_designs_list_plus_ours() -> None:
         "fetch.max.bytes",
         "kafka.fetch.buffer.bytes",
         "group.initial.rebalance.delay.ms",
+        "max.groups",
+        "offsets.retention.minutes",
+        "offsets.retention.check.interval.ms",
         "kafka.sasl.mechanisms",
         "kafka.sasl.users.file",
         "kafka.allow.unauthenticated",
@@ -643,3 +646,19 @@ def test_kafka_keys_in_the_file() -> None:
         _load("num.partitions=0\n")
     with pytest.raises(ConfigError, match=r"delete\.topic\.enable"):
         _load("delete.topic.enable=yes\n")
+
+
+def test_group_bounds_in_the_file() -> None:
+    """Issue 31, part 2: max.groups and Kafka's offsets.retention keys (docs/groups.md)."""
+    default = _load("")
+    assert (default.max_groups, default.offsets_retention_minutes) == (10_000, 7 * 24 * 60)
+    assert default.offsets_retention_check_interval_ms == 600_000
+    config = _load("max.groups=50\noffsets.retention.minutes=2\noffsets.retention.check.interval.ms=1000\n")
+    assert (config.max_groups, config.offsets_retention_minutes, config.offsets_retention_check_interval_ms) == (
+        50,
+        2,
+        1000,
+    )
+    for bad in ("max.groups=0", "offsets.retention.minutes=0", "offsets.retention.check.interval.ms=0"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0].replace(".", r"\.")):
+            _load(bad + "\n")
