@@ -38,6 +38,11 @@ typedef struct {
 /* A zigzag varint of at most `maxlen` bytes (5: Kafka's int fields, 10: its long ones). */
 static inline int read_varint(const uint8_t **pp, const uint8_t *end, int maxlen, int64_t *out) {
     const uint8_t *p = *pp;
+    if (p < end && *p < 0x80) { /* one byte: most fields of most records */
+        *out = (int64_t)(*p >> 1) ^ -(int64_t)(*p & 1);
+        *pp = p + 1;
+        return 0;
+    }
     uint64_t v = 0;
     int shift = 0;
     for (int i = 0;; i++) {
