@@ -5,11 +5,11 @@
  * before anything of it is stored, as Kafka's broker does (DefaultRecord.readFrom and
  * LogValidator); in Python that costs about 2 us per record, here a few ns.
  *
- *   check(body, count) -> int | tuple[int, int, str]
- *       body: the batch's records, uncompressed (any buffer); count: its recordCount.
+ *   check(body, count[, start]) -> int | tuple[int, int, str]
+ *       body[start:]: the batch's records, uncompressed (any buffer); count: its recordCount.
  *       Success: the largest timestamp delta of the records (an int).
  *       Failure: (Kafka error code, index of the record at fault, message).
- *   values(body, count) -> bytes | tuple[int, int, str]
+ *   values(body, count[, start]) -> bytes | tuple[int, int, str]
  *       The same checks; success: each record's value as an i32 big-endian length and its
  *       bytes, one after the other (a null value as length 0): the messages of a Luxun
  *       pack as idl.pack.encode_pack_written takes them.
@@ -165,14 +165,19 @@ static PyObject *fault_tuple(const fault *f) {
                          PyUnicode_FromFormat("record %zd: %s (byte %zd of the records)", f->record, f->message, f->at));
 }
 
+/* (body, count[, start]): the records are body[start:]. */
 static int parse(PyObject *args, Py_buffer *view, Py_ssize_t *count) {
-    if (!PyArg_ParseTuple(args, "y*n", view, count))
+    Py_ssize_t start = 0;
+    if (!PyArg_ParseTuple(args, "y*n|n", view, count, &start))
         return -1;
-    if (*count < 1) {
+    if (*count < 1 || start < 0 || start > view->len) {
         PyBuffer_Release(view);
-        PyErr_Format(PyExc_ValueError, "record count %zd: at least one record", *count);
+        PyErr_Format(PyExc_ValueError, "record count %zd, start %zd: at least one record, inside the buffer", *count,
+                     start);
         return -1;
     }
+    view->buf = (char *)view->buf + start; /* PyBuffer_Release needs only view->obj */
+    view->len -= start;
     return 0;
 }
 

@@ -356,8 +356,10 @@ def validate(batch: Batch, *, max_bytes: int = DEFAULT_MAX_BYTES, max_records: i
         raise BatchError(
             MESSAGE_TOO_LARGE, f"record batch of {count} records: at most {max_records} records per batch are accepted"
         )
-    _, body = _open_batch(batch, max_bytes, control_body=True)
-    checked = _check(body, count)
+    if batch.attributes & _CODEC_MASK == CODEC_NONE:  # the records as they are, read in place
+        checked = _check(batch.data, count, HEADER_SIZE)
+    else:
+        checked = _check(_open_batch(batch, max_bytes)[1], count)
     if isinstance(checked, tuple):
         raise _record_error(checked, count)
     top = batch.base_timestamp + checked
@@ -761,18 +763,18 @@ def _read_records(body: bytes | memoryview, count: int, *, offsets: bool = False
     return out
 
 
-def _check_py(body: bytes | memoryview, count: int) -> int | tuple[int, int | None, str]:
+def _check_py(body: bytes | memoryview, count: int, start: int = 0) -> int | tuple[int, int | None, str]:
     """:func:`luxun._records.check` in Python (where the C module is not built)."""
     try:
-        return max(r[0] for r in _read_records(body, count, offsets=True))
+        return max(r[0] for r in _read_records(memoryview(body)[start:], count, offsets=True))
     except BatchError as exc:
         return exc.code, exc.record, str(exc)
 
 
-def _values_py(body: bytes | memoryview, count: int) -> bytes | tuple[int, int | None, str]:
+def _values_py(body: bytes | memoryview, count: int, start: int = 0) -> bytes | tuple[int, int | None, str]:
     """:func:`luxun._records.values` in Python (where the C module is not built)."""
     try:
-        values = [r[3] or b"" for r in _read_records(body, count, offsets=True)]
+        values = [r[3] or b"" for r in _read_records(memoryview(body)[start:], count, offsets=True)]
     except BatchError as exc:
         return exc.code, exc.record, str(exc)
     return b"".join(b for v in values for b in (_I32.pack(len(v)), v))

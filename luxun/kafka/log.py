@@ -522,7 +522,7 @@ class KafkaLog:
         """Extend the time index by the items just stored (``state.lock`` held). Never
         fails the produce: the batches are stored; an index not written is loaded and
         mended at its next use."""
-        times = self._times(state, queue)
+        times = state.times or self._times(state, queue)
         try:
             times.add(queue, first, timestamps)
         except Exception as exc:

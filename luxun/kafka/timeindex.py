@@ -175,12 +175,17 @@ class TimeIndex:
         pending: list[tuple[int, int]] = []
         if self._covered < first:
             self._cover(queue, first, pending)
+        segments, maxima = self._segments, self._maxima
         for k, ts in enumerate(timestamps):
             idx = first + k
-            if idx >= self._covered:
+            # (most items raise nothing: in the last segment, not above its maximum)
+            if idx >= self._covered and not (segments and segments[-1] == idx >> SEGMENT_BITS and ts <= maxima[-1]):
                 self._note(idx, ts, pending)
-        self._covered = max(self._covered, first + len(timestamps))
-        self._write(pending)
+        end = first + len(timestamps)
+        if end > self._covered:
+            self._covered = end
+        if pending:
+            self._write(pending)
         if self._count >= self._next_compact_check:
             self._maybe_compact(queue.tail)
 
