@@ -115,7 +115,9 @@ SEED_BATCH_SIZE_SWEEP = 12800
 
 
 # -- the broker ---------------------------------------------------------------------------
-_SERVING = re.compile(r"serving \d+ topics from .* on (\S+):(\d+) \(Kafka protocol on (\S+):(\d+)[^;]*; metrics on (\S+?)\)")
+_SERVING = re.compile(
+    r"serving \d+ topics from .* on (\S+):(\d+) \(Kafka protocol on (\S+):(\d+)[^;]*; metrics on (\S+?)\)"
+)
 
 
 @dataclass
