@@ -217,7 +217,7 @@ class Broker:
                 metrics=self.metrics,
                 busy_poll_us=config.busy_poll_us,
             )
-            self.handler.input_pending = self.server.input_pending
+            self.handler.await_earlier_input = self.server.await_earlier_input
             self.kafka_server: KafkaServer | None = None
             if config.kafka_port:
                 self.kafka_server = self._kafka_door(config)

@@ -38,6 +38,13 @@ to back it waits in ``recv`` once, letting any other thread (a woken long poll, 
 maintenance) in. The cost: up to one core while a lone client calls back to back,
 nothing when idle.
 
+Order across connections (``tracks_input``): a connection waits for bytes with ``poll``
+and takes them from the kernel only once marked as holding input (:class:`~luxun.net.ConnInput`),
+and is idle again once every complete call it took is handled, or while it handles a
+consume that is its last call received (a consume may wait: a long poll, or for others'
+input), so :meth:`~luxun.net.TcpServer.await_earlier_input` can tell a consume what
+other connections received before it (QueueHandler, "Order across connections").
+
 Thread-safety: ``start``/``stop`` from the main thread; connections run in their own.
 """
 
@@ -65,6 +72,7 @@ from ..net import (
     READ_BUFFER,
     RECEIVING,
     BigFrame,
+    ConnInput,
     TcpServer,
     send_frame,
     send_parts,
@@ -168,6 +176,7 @@ class ThriftServer(TcpServer):
     """
 
     frame_limit_setting = "max.message.size + 1 MiB"
+    tracks_input = True  # _read_frames_into follows ConnInput's rules
 
     def __init__(
         self,
@@ -225,7 +234,8 @@ class ThriftServer(TcpServer):
         fast_consume = consume_for_wire is not None and consume_request is not None
         consume_single = getattr(handler, "consume_single", None) if fast_consume else None
         budget = self._budget
-        busy, me = self._busy, threading.get_ident()
+        me = threading.get_ident()
+        conn = self.input_of(sock)  # where this connection's input stands (ConnInput)
         batch = AsyncProduceBatch(handler)
         poll_s = self.busy_poll_us / 1e6
         receiving = RECEIVING
@@ -303,7 +313,11 @@ class ThriftServer(TcpServer):
                         del consume, fields, one  # not held while this thread waits in send or recv
                         continue
                     # Items read as views of the storage pages are sent from there (no copy)
-                    # and given back once sent.
+                    # and given back once sent. It may wait (a long poll, or for other
+                    # connections' input, see QueueHandler): holding nothing more, this
+                    # connection is idle meanwhile, so no other call waits for it.
+                    if start == end:
+                        conn.idle()
                     response = consume_for_wire(consume_request(**fields), True)
                     try:
                         reply_size = send_parts(sock, encode_consume_reply_parts(seqid, response))
@@ -317,11 +331,12 @@ class ThriftServer(TcpServer):
                     frame = bytes(view[start + 4 : start + 4 + size])
                 start += 4 + size
                 answered = True
-                if not self._handle(sock, peer, frame):
+                if not self._handle(sock, peer, frame, conn if start == end else None):
                     return
                 del frame
             call = None  # the last asyncProduce's item is not held while we wait in recv
             batch.flush()
+            conn.idle()  # every complete call received is handled
             if start == end:
                 start = end = 0
                 if frames is not buf:  # a big frame was handled: unmap it
@@ -356,7 +371,8 @@ class ThriftServer(TcpServer):
                     buf.extend(bytes(more))
             if self._stopping.is_set():
                 return
-            busy.discard(me)
+            # Bytes leave the kernel only while this connection holds (see ConnInput): a
+            # call on another connection then knows they are there.
             with memoryview(buf) as view:
                 n = -1
                 if poll_s and answered and receiving.ident == me:
@@ -365,15 +381,19 @@ class ThriftServer(TcpServer):
                         if not polled_since:
                             polled_since = now
                         if now - polled_since < _BUSY_POLL_RUN_S:
+                            conn.hold()
                             n = self._busy_poll(sock, view[end:], poll_s)
                             metrics.busy_polls += 1
                             metrics.busy_poll_hits += n >= 0
+                            if n < 0:
+                                conn.idle()
                 if n < 0:
                     polled_since = 0.0
+                    conn.wait_readable()
+                    conn.hold()
                     n = sock.recv_into(view[end:])
             answered = False
             receiving.note(me)
-            busy.add(me)
             if n == 0:
                 return
             end += n
@@ -400,9 +420,11 @@ class ThriftServer(TcpServer):
                 if time.perf_counter() > deadline:
                     return -1
 
-    def _handle(self, sock: socket.socket, peer: Any, frame: bytes) -> bool:
+    def _handle(self, sock: socket.socket, peer: Any, frame: bytes, conn: ConnInput | None = None) -> bool:
         """Decode one call frame, call the handler, send its reply; False when the
-        connection must be closed (an undecodable frame).
+        connection must be closed (an undecodable frame). ``conn``: the connection's
+        input, when it holds no call after this one (a consume then makes it idle while
+        it may wait).
 
         As Java Luxun (its Thrift processor) answers: an unknown method gets a
         TApplicationException UNKNOWN_METHOD ("Invalid method name: 'x'"), a request
@@ -442,6 +464,8 @@ class ThriftServer(TcpServer):
                     self._send_exception(sock, api, seqid, TApplicationException.PROTOCOL_ERROR, missing)
                 return True
         try:
+            if api == "consume" and conn is not None:
+                conn.idle()
             if api == "consume" and self._consume_for_wire is not None:
                 # The hot read path: the items come as one blob, encoded by hand.
                 send_parts(sock, encode_consume_reply_parts(seqid, self._consume_for_wire(*values)))

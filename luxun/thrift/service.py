@@ -21,13 +21,21 @@ Produce to an unknown topic creates it, unless ``auto.create.topics.enable`` is 
 (then TOPIC_NOT_EXIST) or the broker holds ``max.topics`` topics (then INTERNAL_ERROR,
 the message naming the limit: the IDL has no better code).
 
-A consume that finds no topic answers TOPIC_NOT_EXIST only once no other connection
-holds input it has not processed (at most ``UNKNOWN_TOPIC_WAIT_S``, 0.5 s): the topic's
-first produce may have been sent just before on another connection (Java's async
-Producer connects for its first batch just before its user's consumer connects). A
-topic being created is waited for.
+Order across connections, as Java Luxun's: it handles every connection's calls in one
+thread in the order they came, so its own tests (LazyInitProducerTest) send a oneway
+``asyncProduce`` on one connection and at once consume on another. Here each connection
+has its thread, so a consume whose answer input received before it could extend (no
+topic: TOPIC_NOT_EXIST; nothing to read: TOPIC_IS_EMPTY, ALL_MESSAGE_CONSUMED; a fetch
+that read up to the head) is answered only after the input that other connections held
+when it came has been handled (``TcpServer.await_earlier_input``; at most
+``ORDER_WAIT_S``, 0.5 s), then read again. A one-item read that finds its item (the
+fast path) cannot change so and never waits; nor does a broker where no other
+connection holds input (the check is an ``epoll_wait`` that returns at once); a long
+poll (``maxWaitMs``) is woken by the produce anyway. A topic being created is waited for.
 
-Error replies of consume leave ``itemList`` unset, as Java Luxun's do; replies are
+Error replies of consume leave ``itemList`` unset, as Java Luxun's do (its
+``LogManager.consume`` sets it only on SUCCESS: Java clients that read ``getItemList()``
+of a TOPIC_NOT_EXIST reply get a NullPointerException from either broker); replies are
 compared byte for byte with the Java broker's in ``tests/broker/test_java_replies.py``,
 whose table lists every difference. Fixed flaws of the original: a first item larger
 than ``maxFetchSize`` is returned anyway (a group can never get stuck); an invalid
@@ -128,9 +136,9 @@ E = T.ErrorCode
 
 #: Longest long-poll wait honoured, in ms (a client asking more gets this).
 MAX_WAIT_MS = 60_000
-#: Longest a consume that finds no topic waits for other connections to process what
-#: they have received (see _await_creation), in s.
-UNKNOWN_TOPIC_WAIT_S = 0.5
+#: Longest a consume waits for the input other connections held when it came (see the
+#: module docstring, "Order across connections"), in s.
+ORDER_WAIT_S = 0.5
 #: Failed oneway produces are logged at most this often (they are all counted).
 _WARN_EVERY_S = 10.0
 #: A member's lease on a (topic, group) read from its committed position, in s.
@@ -221,9 +229,10 @@ class QueueHandler:
         self._leases: dict[tuple[str, str], tuple[str, float]] = {}
         self._leases_lock = threading.Lock()
         topics.add_delete_listener(self._forget_leases)
-        #: True while another connection holds input not processed yet; the server
-        #: sets it (ThriftServer.input_pending). In process: nothing is ever pending.
-        self.input_pending: Callable[[], bool] = lambda: False
+        #: ``await_earlier_input(timeout_s) -> bool``: wait until the input other
+        #: connections held has been handled; True if there was any. The server sets it
+        #: (TcpServer.await_earlier_input). In process: there never is any.
+        self.await_earlier_input: Callable[[float], bool] = lambda timeout_s: False
 
     # -- produce -----------------------------------------------------------------------
     def produce(self, request: Any) -> Any:
@@ -431,7 +440,10 @@ class QueueHandler:
 
         return ready
 
-    def _consume_once(self, request: Any, retry: bool = True, views: bool = False) -> Any:
+    def _consume_once(self, request: Any, retry: bool = True, views: bool = False, in_order: bool = True) -> Any:
+        """One attempt at a consume; ``in_order``: an answer with nothing to read is given
+        only after the input other connections held has been handled (see the module
+        docstring), else read again."""
         name = request.topic
         group = request.fanoutId
         max_fetch = request.maxFetchSize or 0
@@ -462,7 +474,10 @@ class QueueHandler:
             if topic is None:
                 return reply(self._not_exist(name))
             queue = topic.queue
+            head = queue.head
             if queue.is_empty:
+                if in_order and self._changed_in_order(queue, head, request):
+                    return self._consume_once(request, retry, views, in_order=False)
                 return reply(TopicIsEmpty(name, broker_id=self.broker_id).to_result())
             start = first = request.startIndex or 0
             items: list[bytes] | ItemBlob
@@ -477,7 +492,7 @@ class QueueHandler:
                     first, items = queue.dequeue_indexed(group, max_items=1)
                 else:  # the group moves past only what _read_packs returns
                     first, items = queue.dequeue_read(
-                        group, lambda index: self._read_packs(name, queue, index, max_bytes, views), []
+                        group, lambda index: self._read_packs_in_order(name, queue, index, max_bytes, views), []
                     )
             elif start == queue.head:
                 items = []
@@ -485,9 +500,11 @@ class QueueHandler:
                 if max_bytes is None:
                     items = [queue.get(start)]
                 else:
-                    items = self._read_packs(name, queue, start, max_bytes, views)
+                    items = self._read_packs_in_order(name, queue, start, max_bytes, views)
                 last_index = start + len(items) - 1
             if not len(items):
+                if in_order and self._changed_in_order(queue, head, request):
+                    return self._consume_once(request, retry, views, in_order=False)
                 return reply(AllMessageConsumed(name, fanout_id=group, index=None if group else start).to_result())
             if max_bytes is None:  # one item, maybe a Kafka batch: a pack (the group's dequeue does not say where)
                 items = self._batches_as_packs(name, queue, None if group and not with_times else first, items, group)
@@ -513,6 +530,34 @@ class QueueHandler:
             if retry:  # closed to make room (nothing was read or moved): once more, reopened
                 return self._consume_once(request, retry=False)
             return reply(self._not_exist(name))
+
+    def _read_packs_in_order(
+        self, name: str, queue: Any, start: int, max_bytes: int, views: bool
+    ) -> list[bytes] | ItemBlob:
+        """:meth:`_read_packs`, read again once other connections' earlier input is in if
+        the read took everything up to the head (that input could extend it; see the
+        module docstring). Under a group's lock when a group reads."""
+        head = queue.head
+        items = self._read_packs(name, queue, start, max_bytes, views)
+        if start + len(items) >= head and self._changed_in_order(queue, head, None):
+            if isinstance(items, ItemBlob):
+                items.release()
+            items = self._read_packs(name, queue, start, max_bytes, views)
+        return items
+
+    def _changed_in_order(self, queue: Any, head: int, request: Any) -> bool:
+        """Whether a read that found nothing more than up to ``head`` must be done again:
+        True if other connections held input when asked (waited for, at most
+        ``ORDER_WAIT_S``) or the topic grew since ``head`` was read (input received
+        before may have been handled meanwhile). A long poll (``request.maxWaitMs``)
+        does not ask: a produce wakes it anyway."""
+        if request is not None and (request.maxWaitMs or 0) > 0:
+            return False
+        waited = self.await_earlier_input(ORDER_WAIT_S)
+        try:
+            return waited or queue.head != head
+        except ArrayClosedError:
+            return True
 
     def _read_packs(self, name: str, queue: Any, start: int, max_bytes: int, views: bool) -> list[bytes] | ItemBlob:
         """Items from ``start`` on, about ``max_bytes``, as a Thrift consumer gets them:
@@ -603,21 +648,16 @@ class QueueHandler:
             return item
 
     def _await_creation(self, name: str) -> Topic | None:
-        """The topic ``name`` once no other connection holds unprocessed input, or
-        ``UNKNOWN_TOPIC_WAIT_S`` passed; None if it still does not exist.
+        """The topic ``name`` once the input other connections held has been handled (at
+        most ``ORDER_WAIT_S``); None if it still does not exist.
 
         Its first produce may have been sent, on another connection, before this consume:
         Java's async Producer connects for its first batch a few ms before its user's
         consumer connects, and each connection has its own thread. Answering
-        TOPIC_NOT_EXIST only when nothing received earlier is still unprocessed keeps
-        "sent before, seen after" across connections; an idle broker answers at once.
+        TOPIC_NOT_EXIST only after what was received earlier is handled keeps "sent
+        before, seen after" across connections; an idle broker answers at once.
         """
-        deadline = time.monotonic() + UNKNOWN_TOPIC_WAIT_S
-        while self.input_pending() and time.monotonic() < deadline:
-            time.sleep(0.002)
-            topic = self.topics.get(name) or self.topics.open(name)
-            if topic is not None:
-                return topic
+        self.await_earlier_input(ORDER_WAIT_S)  # then look again: it may have come meanwhile
         return self.topics.get(name) or self.topics.open(name)
 
     @staticmethod
