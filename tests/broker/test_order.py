@@ -70,26 +70,23 @@ def run_order_program(tmp_path: Path, port: int, prefix: str) -> dict[str, Any]:
 def test_java_clients_get_every_consume_answered_after_the_produce_sent_before(broker: Any, tmp_path: Path) -> None:
     """LazyInitProducerTest's pattern, 200 rounds: SyncProducer.send (asyncProduce), then
     at once SimpleConsumer's multiConsume of a new topic by index, consume by index and
-    consume by group of a shared one, on its own connection. Each sees the send."""
-    report = run_order_program(tmp_path, broker.port, "order")
-    print("ours:", report)
-    assert (report["new_topic_by_index"], report["by_index"], report["by_group"]) == (0, 0, 0), report
-    assert report["exit"] == 0
-    assert "Traceback" not in broker.log()
-
-
-def test_the_java_broker_answers_the_same_rounds_in_order(tmp_path: Path) -> None:
-    """The reference: the same program against Java Luxun itself."""
+    consume by group of a shared one, on its own connection. Each sees the send, on ours
+    as on the Java broker (run the same way first, as the reference)."""
     _java_tools()
-    data = tmp_path / "java-data"
-    proc, port = start_java(tmp_path, data)
+    java_dir = tmp_path / "java"
+    java_dir.mkdir()
+    proc, port = start_java(java_dir, java_dir / "data")
     try:
-        report = run_order_program(tmp_path, port, "order")
+        java = run_order_program(tmp_path, port, "order")
     finally:
         proc.terminate()
         proc.wait(30)
-    print("java:", report)
-    assert (report["new_topic_by_index"], report["by_index"], report["by_group"]) == (0, 0, 0), report
+    ours = run_order_program(tmp_path, broker.port, "order")
+    print("java:", java, "\nours:", ours)
+    assert (java["new_topic_by_index"], java["by_index"], java["by_group"]) == (0, 0, 0), java
+    assert (ours["new_topic_by_index"], ours["by_index"], ours["by_group"]) == (0, 0, 0), ours
+    assert ours["exit"] == 0
+    assert "Traceback" not in broker.log()
 
 
 def test_thriftpy2_async_produce_then_consume_on_another_connection(broker: Any) -> None:
