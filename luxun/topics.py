@@ -51,8 +51,15 @@ Lifecycle of a topic:
   removed at start. Java Luxun would take such a directory for a topic, so do not hand
   a data directory to Java Luxun while one exists.
 
-Names starting with ``.luxun`` are the broker's own (lock file, deleted topics) and
-refused as topic names.
+Names starting with ``.luxun`` are the broker's own (lock file, deleted topics, the
+clean-shutdown marker) and refused as topic names.
+
+The clean-shutdown marker, as Java Luxun's ``LuxunServer``: an empty file
+``.luxun_cleanshutdown`` is removed when the data directory is opened (once it is
+locked) and created when it is closed after every topic closed without error; so it
+is there only while no broker runs and the last one stopped cleanly (not after kill -9
+or a failed close). Nothing here reads it: recovery is the same either way (Java passes
+it on as ``needRecovery`` and does not use it either); it is for tools and scripts.
 
 Waiting consumers (the long-poll extension) wait on a per-topic condition that a
 produce notifies; waiting costs a blocked thread, never a busy one.
@@ -90,6 +97,8 @@ log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
 
 LOCK_FILE = ".luxun.lock"
+#: Java Luxun's clean-shutdown marker (LuxunServer.CLEAN_SHUTDOWN_FILE); see the module docstring.
+CLEAN_SHUTDOWN_FILE = ".luxun_cleanshutdown"
 #: A deleted topic's directory is renamed to this prefix + random hex, then removed.
 TRASH_PREFIX = ".luxun-deleted-"
 #: Longest wait for another thread's creation, reopening or deletion of a topic.
@@ -353,6 +362,9 @@ class TopicManager:
                 f"data directory {self.data_dir} is in use by another broker (lock {LOCK_FILE} is held)"
             ) from None
         try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.data_dir, CLEAN_SHUTDOWN_FILE))
+                log.info("the data directory was closed cleanly last time (%s)", CLEAN_SHUTDOWN_FILE)
             if repair is not None:
                 repair(self.data_dir)
             self._list_existing()
@@ -915,13 +927,20 @@ class TopicManager:
             topics = list(self._open.values())
             self._open.clear()
         self.wake_all()
+        clean = True
         for topic in topics:
             try:
                 topic.queue.close()
             except Exception:
+                clean = False
                 log.exception("closing topic %r failed", topic.name)
         for thread in self._trash_threads:
             thread.join(10)
+        if clean:  # as Java Luxun: an empty marker, created while the directory is still locked
+            try:
+                os.close(os.open(os.path.join(self.data_dir, CLEAN_SHUTDOWN_FILE), os.O_WRONLY | os.O_CREAT, 0o644))
+            except OSError as exc:
+                log.warning("could not create %s in %s: %s", CLEAN_SHUTDOWN_FILE, self.data_dir, exc)
         with contextlib.suppress(OSError):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
@@ -950,6 +969,7 @@ def is_fd_exhaustion(exc: BaseException) -> bool:
 
 __all__ = [
     "AUTO_MAX_OPEN_TOPICS",
+    "CLEAN_SHUTDOWN_FILE",
     "FDS_PER_OPEN_TOPIC_WORST",
     "FDS_RESERVED",
     "LOCK_FILE",

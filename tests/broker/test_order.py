@@ -1,10 +1,11 @@
-"""Java's ordering across connections.
+"""Java's ordering across connections, and the clean-shutdown marker.
 
 Java Luxun serves every connection from one selector thread, so a consume is answered
 after everything received before it on any connection: its own JUnit integration tests
 (LazyInitProducerTest) send a oneway asyncProduce on one connection and consume at once
 on another. Ours answers such a consume after that input is applied too (bounded; see
-luxun/thrift/service.py).
+luxun/thrift/service.py). Java also leaves ``.luxun_cleanshutdown`` in its data
+directory when it stops cleanly and removes it at start; so does ours.
 
 The Java-driven tests need the Java Luxun 0.6.2 build (``LUXUN_JAVA_PEER``, see
 ../shared/peers/luxun-java/README.md) and a JDK; they are skipped without them.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +30,7 @@ from tests.broker.test_commit import JAVA_PEER, start_java
 pytestmark = pytest.mark.timeout(300)
 
 ORDER_SOURCE = Path(__file__).resolve().parent / "interop" / "ProduceThenConsumeOrder.java"
+MARKER = ".luxun_cleanshutdown"
 ROUNDS = 200
 
 
@@ -127,3 +130,53 @@ def test_thriftpy2_async_produce_then_consume_on_another_connection(broker: Any)
         for c in [producer, consumer, *idle]:
             c.close()
     assert not wrong, f"{len(wrong)} of {3 * ROUNDS} consumes missed the produce sent before: {wrong[:5]}"
+
+
+# -- .luxun_cleanshutdown: as Java Luxun leaves it -----------------------------------------------
+
+
+def marker_states(start: Any, stop: Any, data: Path) -> list[tuple[str, bool, bytes | None]]:
+    """Where the marker is through start, stop, start (with a marker), kill -9."""
+    marker = data / MARKER
+
+    def state(when: str) -> tuple[str, bool, bytes | None]:
+        return when, marker.exists(), marker.read_bytes() if marker.exists() else None
+
+    states = []
+    handle = start()
+    states.append(state("running, fresh directory"))
+    stop(handle, signal.SIGTERM)
+    states.append(state("after SIGTERM"))
+    handle = start()
+    states.append(state("running again"))
+    stop(handle, signal.SIGKILL)
+    states.append(state("after SIGKILL"))
+    return states
+
+
+def test_the_clean_shutdown_marker_is_where_java_leaves_it(broker_factory: Any, tmp_path: Path) -> None:
+    """Java: no marker while running (removed at start), an empty one after a clean
+    stop, none after a kill. Ours the same, compared with the Java broker's own run."""
+    _java_tools()
+    java_dir = tmp_path / "java"
+    java_dir.mkdir()
+    java_data = java_dir / "data"
+
+    def start_j() -> Any:
+        return start_java(java_dir, java_data)[0]
+
+    def stop_j(proc: Any, sig: int) -> None:
+        proc.send_signal(sig)
+        proc.wait(30)
+
+    java = marker_states(start_j, stop_j, java_data)
+    ours_data = tmp_path / "ours"
+    ours = marker_states(lambda: broker_factory(data_dir=ours_data), lambda b, sig: b.stop(sig), ours_data)
+    print("java:", java, "\nours:", ours)
+    assert ours == java
+    assert java == [
+        ("running, fresh directory", False, None),
+        ("after SIGTERM", True, b""),
+        ("running again", False, None),
+        ("after SIGKILL", False, None),
+    ]
