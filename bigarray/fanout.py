@@ -8,10 +8,11 @@ bigqueue's FanOutQueueImpl, and is written before the items are returned
 hands them out twice).
 
 Committed positions (at-least-once groups): :meth:`FanoutQueue.commit` stores a
-group's committed index in ``committed_<group>/page-0.dat`` (16 bytes, big-endian: the
-index, then the committed record offset + 1 or 0, see :mod:`bigarray.format`; written
-through an mmap in one copy as the group's position is, so it survives a crash of the
-process once the call returns) and moves the group's position there too (so
+group's committed index in ``committed_<group>/page-0.dat`` (24 bytes, big-endian: the
+index, the committed record offset + 1 or 0, and the committed message position in the
+item at the index, see :mod:`bigarray.format`; written through an mmap in one copy as
+the group's position is, so it survives a crash of the process once the call returns)
+and moves the group's position there too (so
 :meth:`size`, :meth:`cleanup` and lag reports count from it). A group that has
 committed once is an *at-least-once group*: it is read by index from its committed
 position (:meth:`committed_start`, then :meth:`read_range`), and :meth:`dequeue` and
@@ -49,8 +50,8 @@ from .read import no_release
 log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
-#: The committed page: index, record offset + 1 (0: none).
-_COMMITTED = struct.Struct(">qq")
+#: The committed page: index, record offset + 1 (0: none), message position in the item.
+_COMMITTED = struct.Struct(">qqq")
 _R = TypeVar(
     "_R",
     list[bytes],
@@ -84,6 +85,7 @@ class _Group:
         "closed",
         "cmm",
         "committed",
+        "committed_message",
         "committed_offset",
         "factory",
         "index",
@@ -109,6 +111,8 @@ class _Group:
         self.committed: int | None = None
         #: The committed record offset (None: the last commit gave none).
         self.committed_offset: int | None = None
+        #: Messages of the item at ``committed`` that are committed (0: none).
+        self.committed_message = 0
         self.cfactory: PageFactory | None = None
         self.cmm: Any = None
         committed_folder = os.path.join(os.path.dirname(folder), fmt.COMMITTED_DIR_PREFIX + name)
@@ -119,16 +123,19 @@ class _Group:
         """Open (create) the committed position's page; a new one holds 0."""
         self.cfactory = PageFactory(folder, fmt.COMMITTED_PAGE_SIZE, max_cached_pages=1)
         self.cmm = self.cfactory.acquire(0, create=True).mm
-        index, offset_plus_1 = _COMMITTED.unpack_from(self.cmm, fmt.COMMITTED_INDEX_OFFSET)
+        index, offset_plus_1, message = _COMMITTED.unpack_from(self.cmm, fmt.COMMITTED_INDEX_OFFSET)
         self.committed = index
         self.committed_offset = offset_plus_1 - 1 if offset_plus_1 > 0 else None
+        self.committed_message = max(message, 0)
 
-    def commit(self, index: int, offset: int | None = None) -> None:
-        """Save ``index`` (and ``offset``, or none) as the committed position (one
-        16-byte copy into the mapped page), then move the group's position there too."""
-        self.cmm[0 : _COMMITTED.size] = _COMMITTED.pack(index, 0 if offset is None else offset + 1)
+    def commit(self, index: int, offset: int | None = None, message: int = 0) -> None:
+        """Save ``index`` (and ``offset``, or none, and ``message``) as the committed
+        position (one 24-byte copy into the mapped page), then move the group's
+        position there too."""
+        self.cmm[0 : _COMMITTED.size] = _COMMITTED.pack(index, 0 if offset is None else offset + 1, message)
         self.committed = index
         self.committed_offset = offset
+        self.committed_message = message
         self.move(index)
 
     def move(self, index: int) -> None:
@@ -199,8 +206,11 @@ class FanoutQueue:
                     )
                     group.move(self.array.head)
                 if group.committed is not None and group.committed > self.array.head:
+                    # the item of a committed message position is gone too: message 0
                     offset = group.committed_offset
                     group.commit(self.array.head, None if offset is None else min(offset, self.array.next_offset))
+                elif group.committed is not None and group.committed_message and group.committed == self.array.head:
+                    group.commit(group.committed, group.committed_offset)  # the item was lost in a crash
                 self._groups[name] = group
         except BaseException:
             self.close()
@@ -508,28 +518,37 @@ class FanoutQueue:
                 shutil.rmtree(os.path.join(self.path, fmt.COMMITTED_DIR_PREFIX + group), ignore_errors=True)
 
     # -- committed positions (at-least-once groups) --------------------------------------
-    def commit(self, group: str, index: int, offset: int | None = None) -> None:
+    def commit(self, group: str, index: int, offset: int | None = None, *, message: int = 0) -> None:
         """Commit ``index`` (tail <= index <= head) as the group's position: the next
         index it will read from its committed position. Creates the group if needed;
         from then on the group is an at-least-once group (see the module docstring).
         ``offset``: the exact record offset committed (a Kafka commit may point inside
         an item), kept beside the index for :meth:`committed_offset`; a commit without
-        one clears it. Both are saved in the group's committed page, in one copy,
-        before the call returns (survives a crash of the process).
+        one clears it. ``message``: how many messages of the item at ``index`` are
+        committed too (a reader that splits items into messages reads on from that
+        one; 0: the whole item is still to read; over 0 needs index < head), kept for
+        :meth:`committed_message`. All three are saved in the group's committed page,
+        in one copy, before the call returns (survives a crash of the process).
 
         Raises:
-            IndexOutOfRangeError: ``index`` is below tail or beyond head.
-            ValueError: ``offset`` is negative or past 2**63 - 2.
+            IndexOutOfRangeError: ``index`` is below tail or beyond head, or ``message``
+                is over 0 and ``index`` is head.
+            ValueError: ``offset`` is negative or past 2**63 - 2, or ``message`` is
+                negative or past 2**31 - 1.
         """
         if offset is not None and not 0 <= offset < (1 << 63) - 1:
             raise ValueError(f"queue {self.path}: committed offset {offset} of group {group!r} is out of range")
+        if not 0 <= message < 1 << 31:
+            raise ValueError(f"queue {self.path}: committed message {message} of group {group!r} is out of range")
         with self._locked_group(group) as g:
             tail, head = self.array.tail, self.array.head
             if not tail <= index <= head:
                 raise IndexOutOfRangeError(index, tail, head + 1)
+            if message and index == head:
+                raise IndexOutOfRangeError(index, tail, head)
             if g.cmm is None:
                 g.open_committed(os.path.join(self.path, fmt.COMMITTED_DIR_PREFIX + group))
-            g.commit(index, offset)
+            g.commit(index, offset, message)
 
     def committed(self, group: str) -> int | None:
         """The group's committed index, or None if it never committed."""
@@ -537,6 +556,32 @@ class FanoutQueue:
         validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
         g = self._groups.get(group)
         return None if g is None else g.committed
+
+    def committed_message(self, group: str) -> int:
+        """How many messages of the item at the group's committed index are committed
+        (see :meth:`commit`); 0 if it never committed or its last commit named a whole
+        item."""
+        self._check_open()
+        validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+        g = self._groups.get(group)
+        return 0 if g is None else g.committed_message
+
+    def committed_position(self, group: str) -> tuple[int, int]:
+        """Where the group reads from its committed position, message-exact:
+        ``(committed_start, messages of that item to skip)``. The messages are the
+        committed message position when the start is the committed index itself, else
+        0 (a group that never committed; retention overtook the commit)."""
+        self._check_open()
+        validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+        g = self._groups.get(group)
+        if g is None or g.committed is None:
+            return self.group_index(group), 0
+        with g.lock:  # a consistent pair
+            committed, message = g.committed, g.committed_message
+        if committed is None:
+            return self.group_index(group), 0
+        start = max(committed, self.array.tail)
+        return start, message if start == committed else 0
 
     def committed_offset(self, group: str) -> int | None:
         """The record offset of the group's last commit, or None if it never

@@ -16,7 +16,10 @@
 //     ListTopicsRequest, ListTopicsResponse (see below);
 //   - EXTENSION: committed positions (at-least-once groups): ConsumeRequest
 //     field 7 `fromCommitted` and field 8 `memberId`, methods `commitOffset`
-//     and `getCommitted` and their structs (see below).
+//     and `getCommitted` and their structs (see below);
+//   - EXTENSION: committed positions that name a message: CommitOffsetRequest
+//     field 6 `message`, GetCommittedResponse field 4 `message`, ConsumeResponse
+//     field 7 `firstMessage` (optional; see below).
 // Further extensions must be new optional fields or new methods only.
 
 namespace java com.leansoft.luxun.api.generated
@@ -111,6 +114,12 @@ struct ConsumeResponse {
     // broker: that member's id. The asking member reads again from the committed
     // position once the holder's lease runs out (see commitOffset).
     6: optional string heldBy,
+    // EXTENSION (luxun-py), only with fromCommitted and no startIndex, when the
+    // read starts at the group's committed index: the committed message position
+    // in the first item (GetCommittedResponse.message). The first item's messages
+    // before it are committed: the reader skips them. Unset: skip nothing (an
+    // original or older broker; a reader that ignores it re-reads them).
+    7: optional i32 firstMessage,
 }
 
 struct FindClosestIndexByTimeRequest {
@@ -181,6 +190,14 @@ struct CommitOffsetRequest {
     // true, with memberId: then give up the member's lease, so that another member
     // reads the group at once (a member that closes). index -1: release only.
     5: optional bool release,
+    // EXTENSION (luxun-py): a position inside the item at index: the number of its
+    // messages (message-pack entries) processed, so the group reads on from message
+    // `message` of item `index`. Unset or 0: from the start of item `index`, exactly
+    // as before this field existed. Over 0 needs index < head (the item exists);
+    // negative: FAILURE/INDEX_OUT_OF_BOUNDS. A count past the item's messages
+    // commits the whole item (readers skip them all). The broker keeps it beside
+    // the index, in the same crash-safe write.
+    6: optional i32 message,
 }
 
 struct CommitOffsetResponse {
@@ -198,6 +215,10 @@ struct GetCommittedResponse {
     2: i64 index,
     // true when the group has committed a position
     3: bool committed,
+    // EXTENSION (luxun-py): the committed message position in the item at index
+    // (see CommitOffsetRequest.message); set by brokers that know it, 0 when the
+    // commit named a whole item or the group never committed.
+    4: optional i32 message,
 }
 
 service QueueService {

@@ -72,7 +72,13 @@ members get TRY_LATER/ALL_MESSAGE_CONSUMED meanwhile, with the holder's id in
 commit carrying another member's id is refused. So one member at a time reads a (topic, group) per broker (a
 broker is the unit of parallelism, as a partition in Kafka), and a killed member's
 uncommitted items go to a surviving member, from the committed index, once its
-lease runs out.
+lease runs out. A committed position may name a message inside an item
+(``CommitOffsetRequest.message``, field 6: how many of the item's pack messages are
+processed; over 0 needs an item at the index): it is stored beside the index in the
+same write, ``getCommitted`` answers it (field 4), and a ``fromCommitted`` consume that
+starts at the committed index says it in ``ConsumeResponse.firstMessage`` (field 7):
+the reader skips those messages (items stay opaque here; see docs/commits.md). A
+commit without the field names a whole item, as before.
 
 Thread-safety: one handler serves every connection thread.
 """
@@ -450,6 +456,7 @@ class QueueHandler:
         max_bytes = max_fetch if max_fetch > 0 else None  # None: one item
         with_times = bool(request.withTimestamps)
         last_index = first = 0
+        skip = 0  # fromCommitted: committed messages of the first item (firstMessage)
         queue: Any = None
 
         def reply(result: Any, items: list[bytes] | ItemBlob | None = None) -> Any:
@@ -458,6 +465,8 @@ class QueueHandler:
             if with_times:
                 response.firstIndex = first
                 response.timestampList = self._timestamps(queue, first, len(items)) if items else []
+            if skip and items:
+                response.firstMessage = skip
             return response
 
         topic = self.topics.get(name)  # an open topic's name is valid: checked when it was made
@@ -482,7 +491,8 @@ class QueueHandler:
             start = first = request.startIndex or 0
             items: list[bytes] | ItemBlob
             if group and request.fromCommitted:  # EXTENSION: by index from the committed position
-                start = first = self._committed_start(queue, name, group, request)
+                start, skip = self._committed_start(queue, name, group, request)
+                first = start
                 group = None
             if group:
                 if max_bytes is None and not with_times:  # one item: the cheaper single-item path
@@ -788,6 +798,7 @@ class QueueHandler:
             return T.CommitOffsetResponse(result=self._no_request("commitOffset", "CommitOffsetRequest").to_result())
         t0 = time.perf_counter()
         name, group, index = request.topic, request.fanoutId, request.index
+        message = request.message or 0
 
         def commit(topic: Topic) -> Any:
             holder = self._take_lease(name, group, request.memberId) if request.memberId else None
@@ -800,9 +811,23 @@ class QueueHandler:
                     f"commit of group {group!r} on topic {name!r} by member {request.memberId!r} refused: "
                     f"member {holder!r} holds the group on broker {self.broker_id} (this member's lease ran out)"
                 ).to_result()
+            if message < 0:
+                return _result(
+                    FAILURE,
+                    E.INDEX_OUT_OF_BOUNDS,
+                    f"commit of message {message} of index {index} for group {group!r} of topic {name!r} refused: "
+                    f"a message position is 0 or more (broker {self.broker_id})",
+                )
             try:
-                topic.queue.commit(group, index)
+                topic.queue.commit(group, index, message=message)
             except IndexOutOfRangeError as exc:
+                if message and index == topic.queue.head:  # a message inside the item at head: not there yet
+                    return _result(
+                        FAILURE,
+                        E.INDEX_OUT_OF_BOUNDS,
+                        f"commit of message {message} of index {index} for group {group!r} of topic {name!r} "
+                        f"refused: no item at index {index} (head) on broker {self.broker_id}",
+                    )
                 return _result(
                     FAILURE,
                     E.INDEX_OUT_OF_BOUNDS,
@@ -823,17 +848,18 @@ class QueueHandler:
             return T.GetCommittedResponse(result=error.to_result(), index=0, committed=False)
         t0 = time.perf_counter()
         name, group = request.topic, request.fanoutId
-        index, committed = 0, False
+        index, committed, message = 0, False, 0
 
         def read(topic: Topic) -> Any:
-            nonlocal index, committed
+            nonlocal index, committed, message
             value = topic.queue.committed(group)
             index = topic.queue.committed_start(group) if value is None else value
             committed = value is not None
+            message = topic.queue.committed_message(group) if committed else 0
             return _OK
 
         result = self._answer_on_topic("getCommitted", name, read, t0)
-        return T.GetCommittedResponse(result=result, index=index, committed=committed)
+        return T.GetCommittedResponse(result=result, index=index, committed=committed, message=message)
 
     def _answer_on_topic(self, api: str, name: Any, action: Callable[[Topic], Any], t0: float) -> Any:
         """The Result of ``api`` doing ``action`` on topic ``name``: the name checked
@@ -894,10 +920,11 @@ class QueueHandler:
             if held is not None and held[0] == member:
                 del self._leases[name, group]
 
-    def _committed_start(self, queue: Any, name: str, group: str, request: Any) -> int:
-        """Where a ``fromCommitted`` consume reads: ``startIndex`` if set (>= 0), else
-        the committed index; raises a LuxunError (TRY_LATER) when another member holds
-        the group."""
+    def _committed_start(self, queue: Any, name: str, group: str, request: Any) -> tuple[int, int]:
+        """Where a ``fromCommitted`` consume reads: ``(startIndex, 0)`` if it is set
+        (>= 0), else the committed position (index, committed messages of that item:
+        ``firstMessage``); raises a LuxunError (TRY_LATER) when another member holds the
+        group."""
         member = request.memberId
         if member:
             holder = self._take_lease(name, group, member)
@@ -905,8 +932,9 @@ class QueueHandler:
                 raise _GroupHeld(name, group, holder, self.broker_id)
         start = request.startIndex
         if start is not None and start >= 0:
-            return int(start)
-        return int(queue.committed_start(group))
+            return int(start), 0
+        index, message = queue.committed_position(group)
+        return int(index), int(message)
 
     def _committed_ready(self, request: Any) -> Any:
         """The long-poll check of a ``fromCommitted`` consume: items to read, and the

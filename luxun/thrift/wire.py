@@ -9,7 +9,8 @@ same (strict binary protocol, as thriftpy2 and Apache Thrift write it)::
         1: struct Result { 1: i32 resultCode, [2: i32 errorCode], [3: string errorMessage] }
         [2: list<binary> itemList]   (unset in error replies, as Java Luxun's)
         3: i64 lastConsumedIndex
-        [4: list<i64> timestampList] [5: i64 firstIndex] } }
+        [4: list<i64> timestampList] [5: i64 firstIndex] [6: string heldBy]
+        [7: i32 firstMessage] } }
 
 A fetch's items may come as an :class:`ItemBlob` (lengths and one bytes object, as
 the storage reads them); their length prefixes are then interleaved with numpy.
@@ -172,6 +173,9 @@ def _extension_parts(response: Any, parts: list[Any]) -> None:
     if held_by is not None:
         raw = held_by.encode()
         parts.append(struct.pack(">bhi", _T_STRING, 6, len(raw)) + raw)
+    first_message = response.firstMessage
+    if first_message is not None:
+        parts.append(struct.pack(">bhi", _T_I32, 7, first_message))
     parts.append(b"\x00\x00")
 
 
@@ -397,7 +401,7 @@ def parse_consume_call(buf: bytes | bytearray | memoryview, start: int, end: int
 # -- requests with a required field missing ---------------------------------------------------
 #: Optional fields (our IDL extensions): Java's generated toString shows them only when
 #: set; thriftpy2's spec does not tell optional from default requiredness.
-_OPTIONAL_FIELDS = frozenset({"maxWaitMs", "withTimestamps", "fromCommitted", "memberId", "release"})
+_OPTIONAL_FIELDS = frozenset({"maxWaitMs", "withTimestamps", "fromCommitted", "memberId", "release", "message"})
 _T_BOOL, _T_BINARY = 2, 18
 _JAVA_BINARY_SHOWN = 128  # bytes of a binary field TBaseHelper.toString shows
 

@@ -141,3 +141,89 @@ def test_committed_positions_survive_kill_9(tmp_path: Path) -> None:
         last = int(lines[-2])  # the last complete line was acknowledged
         with FanoutQueue(path) as q:
             assert q.committed("g") in (last, last + 1, q.tail), (last, q.committed("g"))
+
+
+# -- message positions inside an item (Issue 31, part 1) ------------------------------------------
+def test_a_commit_names_a_message_inside_an_item(tmp_path: Path) -> None:
+    page = tmp_path / "q" / "committed_g" / "page-0.dat"
+    with filled(tmp_path / "q") as q:
+        assert q.committed_message("g") == 0 and q.committed_position("g") == (0, 0)
+        q.commit("g", 4, message=3)  # items 0..3 and messages 0..2 of item 4 processed
+        assert (q.committed("g"), q.committed_message("g"), q.committed_position("g")) == (4, 3, (4, 3))
+        assert q.size("g") == 6  # lag counts the item the group is in
+        assert struct.unpack(">qqq", page.read_bytes()) == (4, 0, 3)
+        with pytest.raises(IndexOutOfRangeError):
+            q.commit("g", 10, message=1)  # no item at head to be inside of
+        with pytest.raises(ValueError, match="committed message -1 of group 'g'"):
+            q.commit("g", 5, message=-1)
+        with pytest.raises(ValueError, match="out of range"):
+            q.commit("g", 5, message=1 << 31)
+        assert q.committed_position("g") == (4, 3)  # refused commits changed nothing
+    with FanoutQueue(tmp_path / "q") as q:  # reopened: the message position is kept
+        assert q.committed_position("g") == (4, 3)
+        q.commit("g", 5)  # a commit of a whole item clears it
+        assert q.committed_position("g") == (5, 0)
+        q.commit("g", 5, message=7)
+        q.remove_before_index(6)  # retention removed the item: the message is moot
+        assert q.committed_position("g") == (6, 0)
+        assert q.committed_message("g") == 7
+
+
+def test_a_committed_page_of_16_bytes_opens_with_message_0(tmp_path: Path) -> None:
+    with filled(tmp_path / "q") as q:
+        q.commit("g", 2, message=4)
+    page = tmp_path / "q" / "committed_g" / "page-0.dat"
+    page.write_bytes(struct.pack(">qq", 3, 0))  # as written before message positions existed
+    with FanoutQueue(tmp_path / "q") as q:
+        assert q.committed_position("g") == (3, 0)
+        q.commit("g", 3, message=1)
+    assert struct.unpack(">qqq", page.read_bytes()) == (3, 0, 1)
+
+
+def test_a_message_position_in_an_item_lost_in_a_crash_is_cleared(tmp_path: Path) -> None:
+    with filled(tmp_path / "q") as q:
+        q.commit("g", 7, message=2)
+    meta = tmp_path / "q" / "meta_data" / "page-0.dat"
+    data = bytearray(meta.read_bytes())
+    data[0:8] = struct.pack(">q", 7)  # head rolled back to 7: item 7 is gone
+    meta.write_bytes(bytes(data))
+    with FanoutQueue(tmp_path / "q") as q:
+        assert q.committed_position("g") == (7, 0)
+
+
+MESSAGE_COMMITTER = """
+import sys
+from bigarray import FanoutQueue
+q = FanoutQueue(sys.argv[1])
+out = sys.stdout
+i = 0
+while True:
+    i += 1
+    q.commit("g", (i // 10) % 5000, message=i % 10)
+    out.write(f"{i}\\n")
+    out.flush()
+"""
+
+
+def test_message_positions_survive_kill_9(tmp_path: Path) -> None:
+    """Commits of (index, message) pairs, killed at random moments: the pair read back
+    is the last one acknowledged or the one after it, never a mix of two commits."""
+    path = tmp_path / "q"
+    with FanoutQueue(path) as q:
+        q.enqueue_many([b"x"] * 5001)
+    rng = random.Random(31)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for _ in range(6):
+        acks = tmp_path / "acks.txt"
+        with acks.open("w") as out:
+            proc = subprocess.Popen([PYTHON, "-c", MESSAGE_COMMITTER, str(path)], stdout=out, cwd=ROOT, env=env)
+            deadline = time.monotonic() + 20
+            while acks.stat().st_size == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.2))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        last = int(acks.read_text().split("\n")[-2])
+        with FanoutQueue(path) as q:
+            got = q.committed_position("g")
+            assert got in {((i // 10) % 5000, i % 10) for i in (last, last + 1)}, (last, got)

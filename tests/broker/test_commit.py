@@ -163,6 +163,51 @@ def test_commits_survive_kill_9_of_the_broker(broker_factory: Any, tmp_path: Any
         client.close()
 
 
+# -- message positions (Issue 31, part 1) ---------------------------------------------------------
+def test_a_commit_names_a_message_and_a_read_from_it_says_how_many_to_skip(broker: Any, client: Any) -> None:
+    produce(client, "t", 5)
+    request = T.CommitOffsetRequest(topic="t", fanoutId="g", index=2, message=3)
+    assert client.commitOffset(request).result.resultCode == R.SUCCESS
+    got = client.getCommitted(T.GetCommittedRequest(topic="t", fanoutId="g"))
+    assert (got.index, got.committed, got.message) == (2, True, 3)
+    response = from_committed(client, "t", "g")  # the general path and the hand-written encoder
+    assert (response.itemList, response.firstMessage) == ([b"m2", b"m3", b"m4"], 3)
+    one = client.consume(T.ConsumeRequest(topic="t", fanoutId="g", fromCommitted=True, withTimestamps=True))
+    assert (one.itemList, one.firstIndex, one.firstMessage) == ([b"m2"], 2, 3)
+    # a read from a given index skips nothing: the reader knows where it is
+    assert from_committed(client, "t", "g", startIndex=2).firstMessage is None
+    # a commit without the field (an older client) names a whole item, as before
+    assert commit(client, "t", "g", 3).resultCode == R.SUCCESS
+    got = client.getCommitted(T.GetCommittedRequest(topic="t", fanoutId="g"))
+    assert (got.index, got.message) == (3, 0)
+    assert from_committed(client, "t", "g").firstMessage is None
+    # a message inside the item at head (none yet) or a negative one is refused, naming it
+    for index, message, text in ((5, 1, "no item at index 5 (head)"), (2, -1, "a message position is 0 or more")):
+        bad = client.commitOffset(T.CommitOffsetRequest(topic="t", fanoutId="g", index=index, message=message))
+        assert (bad.result.resultCode, bad.result.errorCode) == (R.FAILURE, E.INDEX_OUT_OF_BOUNDS)
+        assert text in bad.result.errorMessage
+    assert committed(client, "t", "g") == (3, True)
+
+
+def test_a_message_position_survives_kill_9_of_the_broker(broker_factory: Any, tmp_path: Any) -> None:
+    data = tmp_path / "data"
+    broker = broker_factory(data_dir=data)
+    client = broker.client()
+    produce(client, "t", 10)
+    for index in range(1, 9):
+        request = T.CommitOffsetRequest(topic="t", fanoutId="g", index=index, message=index + 1)
+        assert client.commitOffset(request).result.resultCode == R.SUCCESS
+    client.close()
+    broker.stop(signal.SIGKILL)
+    client = broker_factory(data_dir=data).client()
+    try:
+        got = client.getCommitted(T.GetCommittedRequest(topic="t", fanoutId="g"))
+        assert (got.index, got.committed, got.message) == (8, True, 9)
+        assert from_committed(client, "t", "g").firstMessage == 9
+    finally:
+        client.close()
+
+
 # -- Java Luxun opens a topic directory that holds committed positions (skipped without its build) --
 JAVA_PEER = Path(os.environ.get("LUXUN_JAVA_PEER", Path(__file__).resolve().parents[2] / ".peers" / "luxun-java"))
 

@@ -299,6 +299,7 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         4: (TType.LIST, "timestampList", TType.I64, False),
         5: (TType.I64, "firstIndex", False),
         6: (TType.STRING, "heldBy", False),
+        7: (TType.I32, "firstMessage", False),
     },
     "FindClosestIndexByTimeRequest": {1: (TType.I64, "timestamp", True), 2: (TType.STRING, "topic", True)},
     "FindClosestIndexByTimeResponse": {
@@ -329,6 +330,7 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         3: (TType.I64, "index", True),
         4: (TType.STRING, "memberId", False),
         5: (TType.BOOL, "release", False),
+        6: (TType.I32, "message", False),
     },
     "CommitOffsetResponse": {1: (TType.STRUCT, "result", "Result", True)},
     "GetCommittedRequest": {1: (TType.STRING, "topic", True), 2: (TType.STRING, "fanoutId", True)},
@@ -336,6 +338,7 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         1: (TType.STRUCT, "result", "Result", True),
         2: (TType.I64, "index", False),
         3: (TType.BOOL, "committed", False),
+        4: (TType.I32, "message", False),
     },
     "TMessageList": {1: (TType.LIST, "messages", TType.BINARY, False)},
     "TMessagePack": {
@@ -407,6 +410,7 @@ def test_struct_matches_original(name: str, original: Any) -> None:
         assert ours.pop(4) == (TType.LIST, "timestampList", TType.I64, False)
         assert ours.pop(5) == (TType.I64, "firstIndex", False)
         assert ours.pop(6) == (TType.STRING, "heldBy", False)
+        assert ours.pop(7) == (TType.I32, "firstMessage", False)
     assert ours == theirs
     assert getattr(T, name).default_spec[: len(theirs)] == getattr(original, name).default_spec
 
@@ -497,10 +501,10 @@ def test_original_and_ours_read_each_others_bytes(original: Any, factory: Any) -
     assert seen.result.errorCode == original.ErrorCode.ALL_MESSAGE_CONSUMED
     assert seen.itemList == [b"a", b"\x00\xff"] and seen.lastConsumedIndex == 9
     # The timestamp and heldBy extension fields are skipped by a reader built from the original IDL.
-    response.timestampList, response.firstIndex, response.heldBy = [1, 2], 8, "member-1"
+    response.timestampList, response.firstIndex, response.heldBy, response.firstMessage = [1, 2], 8, "member-1", 3
     seen = deserialize(original.ConsumeResponse(), serialize(response, factory), factory)
     assert (seen.itemList, seen.lastConsumedIndex) == ([b"a", b"\x00\xff"], 9) and not hasattr(seen, "firstIndex")
-    assert not hasattr(seen, "heldBy")
+    assert not hasattr(seen, "heldBy") and not hasattr(seen, "firstMessage")
     request = deserialize(
         original.ConsumeRequest(), serialize(T.ConsumeRequest(topic="t", withTimestamps=True), factory), factory
     )

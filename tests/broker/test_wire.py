@@ -87,6 +87,13 @@ RESPONSES = {
         lastConsumedIndex=0,
         heldBy="member-ü",
     ),
+    "from a pack committed in part": T.ConsumeResponse(  # EXTENSION firstMessage (field 7)
+        result=T.Result(resultCode=0),
+        itemList=[b"pack", b"next"],
+        lastConsumedIndex=6,
+        firstIndex=5,
+        firstMessage=2**31 - 1,
+    ),
     "many": T.ConsumeResponse(
         result=T.Result(resultCode=0), itemList=[b"%d" % i for i in range(5000)], lastConsumedIndex=4999
     ),
