@@ -13,7 +13,7 @@ The Spark data source is ``clients.spark`` (it needs pyspark; not imported here)
 from __future__ import annotations
 
 from .connection import BrokerConnection, parse_broker, parse_broker_list
-from .consumer import SimpleConsumer, StreamConsumer
+from .consumer import Message, Position, SimpleConsumer, StreamConsumer
 from .errors import (
     AllMessagesConsumedError,
     AuthenticationError,
@@ -64,9 +64,11 @@ __all__ = [
     "InvalidTopicError",
     "JsonSerde",
     "LuxunClientError",
+    "Message",
     "MessageDroppedError",
     "MessageSizeTooLargeError",
     "PackError",
+    "Position",
     "Producer",
     "ProducerConfig",
     "Serde",

@@ -17,13 +17,16 @@ a *committed position* per (topic, group) and broker, and nothing moves it but a
 commit. The consumer reads from it (``fromCommitted``), hands messages out, and
 :meth:`StreamConsumer.commit` commits, per topic and broker, the position just after
 the last message handed out to the application (Kafka's rule after ``poll``). A
-*position* is a mapping ``{broker: index}`` ("host:port" to the next pack index that
-broker's part of the topic is read from). Commits are at pack granularity: a pack
-(one queue item, many messages) handed out in part is committed at its own index, so
-after a crash its messages are delivered again, all of them. After a crash a new
-consumer of the group starts at the last commit: every message is processed at least
-once, and the duplicates are what was handed out and not committed (plus the start
-of a pack handed out in part). See :class:`StreamConsumer` for threads and members.
+*position* is a mapping ``{broker: Position(index, message)}`` ("host:port" to the
+next message that broker's part of the topic is read from: message ``message`` of the
+pack at ``index``). Commits name a message: a pack (one queue item, many messages)
+handed out in part is committed at the message after the last one handed out
+(``CommitOffsetRequest.message``), and a consumer that resumes there skips the pack's
+committed messages itself (the broker says how many: ``ConsumeResponse.firstMessage``;
+see docs/commits.md for why on the client). After a crash a new consumer of the group
+starts at the first message after the last one committed, per broker: every message
+is processed at least once, and the duplicates are only messages handed out after the
+last commit. See :class:`StreamConsumer` for threads and members.
 
 Thread-safety: :class:`SimpleConsumer` is for one thread; a :class:`StreamConsumer`
 and its streams may be used from many.
@@ -38,7 +41,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from idl import luxun_thrift as T
 
@@ -54,6 +57,7 @@ from .errors import (
     TopicNotExistError,
 )
 from .messages import decode_pack, get_serde
+from .pack import pack_rest
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,30 @@ EARLIEST = -1
 LATEST = -2
 _NOTHING_YET = (AllMessagesConsumedError, TopicIsEmptyError, TopicNotExistError)
 _NONE = object()
+
+
+class Position(NamedTuple):
+    """A message-exact position on one broker: the next message to read is message
+    ``message`` (0-based) of the pack (queue item) at ``index``. Just after a whole
+    pack is ``(index + 1, 0)``; a plain int ``i`` given where a position is expected
+    means ``(i, 0)``. Positions compare as tuples (pack, then message)."""
+
+    index: int  # type: ignore[assignment]  # shadows tuple.index: the name Message and the wire use
+    message: int = 0
+
+
+def as_position(value: int | tuple[int, int] | Position) -> Position:
+    """``value`` as a :class:`Position` (an int is the start of that pack)."""
+    if isinstance(value, tuple):
+        index, message = value
+        return Position(int(index), int(message))
+    return Position(int(value), 0)
+
+
+def after(index: int, offset: int, count: int) -> Position:
+    """The position just after message ``offset`` of the pack at ``index`` holding
+    ``count`` messages."""
+    return Position(index + 1, 0) if offset + 1 >= count else Position(index, offset + 1)
 
 
 class Message:
@@ -108,11 +136,15 @@ class Fetched:
         messages: decoded messages, in order.
         next_index: the pack index to read from next (by-index reads; None by group).
         packs: how many packs (queue items) the messages came from.
+        start: where ``messages[0]`` is (:meth:`SimpleConsumer.consume_committed`;
+            None elsewhere): its message position is over 0 when the first pack was
+            committed in part and its committed messages were skipped.
     """
 
     messages: list[Any]
     next_index: int | None
     packs: int
+    start: Position | None = None
 
 
 class SimpleConsumer:
@@ -152,53 +184,73 @@ class SimpleConsumer:
         next_index = None if index is None else (response.lastConsumedIndex + 1 if items else index)
         return Fetched(self._decode(items), next_index, len(items))
 
-    def _decode(self, items: Sequence[bytes]) -> list[Any]:
+    def _decode(self, items: Sequence[bytes], skip: int = 0) -> list[Any]:
+        """The messages of ``items``, without the first ``skip`` of the first one
+        (committed; a raw item that is a pack is handed out as a pack of the rest)."""
         decode = self._serde.decode
         if self._raw:
+            if skip and items:
+                items = [_raw_rest(items[0], skip), *items[1:]]
             return [decode(item) for item in items]
         out: list[Any] = []
-        for item in items:
-            out.extend(map(decode, decode_pack(item)))
+        for k, item in enumerate(items):
+            messages = decode_pack(item)
+            out.extend(map(decode, messages[skip:] if k == 0 and skip else messages))
         return out
 
     # -- committed positions (at-least-once groups; see the module docstring) -----------
-    def commit(self, topic: str, group: str, index: int) -> None:
-        """Commit ``index`` (tail <= index <= head; the next pack index the group
-        reads) as the group's committed position on this broker. From then on the
-        group is an at-least-once group: :meth:`consume` of it is refused, read it
-        with :meth:`consume_committed`. Durable (survives a broker kill -9) once it
-        returns."""
-        self._conn.checked("commitOffset", T.CommitOffsetRequest(topic=topic, fanoutId=group, index=index))
+    def commit(self, topic: str, group: str, index: int | tuple[int, int] | Position, message: int = 0) -> None:
+        """Commit the position ``(index, message)`` (tail <= index <= head; the next
+        message the group reads is message ``message`` of the pack at ``index``; a
+        :class:`Position` may be given as ``index``) as the group's committed position
+        on this broker. From then on the group is an at-least-once group:
+        :meth:`consume` of it is refused, read it with :meth:`consume_committed`.
+        Durable (survives a broker kill -9) once it returns."""
+        position = as_position(index) if isinstance(index, tuple) else Position(index, message)
+        request = T.CommitOffsetRequest(
+            topic=topic, fanoutId=group, index=position.index, message=position.message or None
+        )
+        self._conn.checked("commitOffset", request)
 
-    def committed(self, topic: str, group: str) -> int | None:
-        """The group's committed index on this broker, or None if it never committed."""
+    def committed(self, topic: str, group: str) -> Position | None:
+        """The group's committed position on this broker, or None if it never committed."""
         response = self._conn.checked("getCommitted", T.GetCommittedRequest(topic=topic, fanoutId=group))
-        return int(response.index) if response.committed else None
+        return Position(int(response.index), int(response.message or 0)) if response.committed else None
 
     def consume_committed(
         self,
         topic: str,
         group: str,
         *,
-        start: int | None = None,
+        start: int | tuple[int, int] | Position | None = None,
         max_bytes: int = DEFAULT_FETCH_BYTES,
         wait_ms: int = 0,
     ) -> Fetched:
-        """Packs of the group from its committed position (or from ``start``),
-        moving no position; ``next_index`` says where the packs end. A group that
-        never committed reads from where it stands (a new group: the tail)."""
+        """Messages of the group from its committed position (or from ``start``, a
+        pack index or a :class:`Position`), moving no position: the messages of a pack
+        committed in part before the position are skipped; ``start`` says where
+        the messages begin and ``next_index`` where the packs end. A group that never
+        committed reads from where it stands (a new group: the tail)."""
+        begin = None if start is None else as_position(start)
         request = consume_request(
-            topic, group=group, index=start, max_bytes=max_bytes, wait_ms=wait_ms, from_committed=True
+            topic,
+            group=group,
+            index=None if begin is None else begin.index,
+            max_bytes=max_bytes,
+            wait_ms=wait_ms,
+            from_committed=True,
         )
         try:
             response = self._conn.checked("consume", request)
         except _NOTHING_YET:
-            if start is not None:
-                return Fetched([], start, 0)
+            if begin is not None:
+                return Fetched([], begin.index, 0, begin)
             got = self._conn.checked("getCommitted", T.GetCommittedRequest(topic=topic, fanoutId=group))
-            return Fetched([], int(got.index), 0)
+            return Fetched([], int(got.index), 0, Position(int(got.index), int(got.message or 0)))
         items = response.itemList or []
-        return Fetched(self._decode(items), response.lastConsumedIndex + 1, len(items))
+        first = response.lastConsumedIndex - len(items) + 1
+        skip = (response.firstMessage or 0) if begin is None else begin.message if begin.index == first else 0
+        return Fetched(self._decode(items, skip), response.lastConsumedIndex + 1, len(items), Position(first, skip))
 
     def find_closest_index(self, topic: str, timestamp_ms: int) -> int:
         """The index closest to ``timestamp_ms``; ``EARLIEST`` (-1) is the tail,
@@ -307,22 +359,26 @@ class _BrokerPosition:
     """What a topic's streams took from one broker (``auto_commit=False``).
 
     ``fetch_next`` is the index the fetcher reads next (None: from the committed
-    position); ``high`` is just after the last pack taken by a stream (None: unknown
-    until the first read); ``gen`` changes on a seek or a lost hold, and chunks of an
-    older ``gen`` are dropped.
+    position), ``fetch_skip`` the messages of that pack to skip (a seek inside a pack);
+    ``high`` is just after the last pack taken by a stream (None: unknown until the
+    first read); ``gen`` changes on a seek or a lost hold, and chunks of an older
+    ``gen`` are dropped.
     """
 
-    __slots__ = ("committed", "fetch_next", "gen", "high")
+    __slots__ = ("committed", "fetch_next", "fetch_skip", "gen", "high")
 
     def __init__(self) -> None:
         self.gen = 0
         self.fetch_next: int | None = None
-        self.high: int | None = None
-        self.committed: int | None = None
+        self.fetch_skip = 0
+        self.high: Position | None = None
+        self.committed: Position | None = None
 
-    def reset(self, index: int | None) -> None:
+    def reset(self, position: Position | None) -> None:
         self.gen += 1
-        self.fetch_next = self.high = index
+        self.high = position
+        self.fetch_next = None if position is None else position.index
+        self.fetch_skip = 0 if position is None else position.message
 
 
 class _Tracker:
@@ -334,12 +390,12 @@ class _Tracker:
         self.brokers = {broker: _BrokerPosition() for broker in brokers}
         self.streams: list[_TrackedStream] = []
 
-    def position(self, broker: str) -> int | None:
-        """Just after the last message handed out from ``broker``, at pack
-        granularity: the lowest pack a stream holds and has not handed out whole, else
-        just after the last pack taken. Called with the lock held."""
+    def position(self, broker: str) -> Position | None:
+        """Just after the last message handed out from ``broker``: in the lowest pack
+        a stream holds and has not handed out whole, the message after the last one it
+        handed out; else just after the last pack taken. Called with the lock held."""
         state = self.brokers[broker]
-        lowest = None
+        lowest: Position | None = None
         for stream in self.streams:
             chunk = stream._chunk
             if (
@@ -347,17 +403,18 @@ class _Tracker:
                 and chunk[0] == broker
                 and chunk[1] == state.gen
                 and stream._next < len(chunk[3])
-                and (lowest is None or chunk[2] < lowest)
+                and (lowest is None or chunk[2] < lowest.index)
             ):
-                lowest = chunk[2]
+                lowest = Position(chunk[2], stream._next)
         return state.high if lowest is None else lowest
 
 
 class _TrackedStream(MessageStream):
     """A stream of an at-least-once consumer: its tracker sees what it hands out.
 
-    A chunk is ``(broker, gen, pack index, values)``; taking one is recorded under the
-    queue's and the tracker's locks, handing a message out only moves ``_next``.
+    A chunk is ``(broker, gen, pack index, values, skip)`` (``skip``: the pack's first
+    messages, committed, not to hand out); taking one is recorded under the queue's
+    and the tracker's locks, handing a message out only moves ``_next``.
     """
 
     def __init__(
@@ -366,7 +423,7 @@ class _TrackedStream(MessageStream):
         super().__init__(topic, queue, timeout_ms)
         self._tracker = tracker
         self._metadata = metadata
-        self._chunk: tuple[str, int, int, list[Any]] | None = None
+        self._chunk: tuple[str, int, int, list[Any], int] | None = None
         self._state: _BrokerPosition | None = None
         self._next = 0
         with tracker.lock:
@@ -399,15 +456,15 @@ class _TrackedStream(MessageStream):
         taken and recorded under the queue's lock, so packs are recorded in order."""
         self._queue.take(self._timeout_s, self.topic, self._take)
 
-    def _take(self, chunk: tuple[str, int, int, list[Any]]) -> None:
-        broker, gen, index, _ = chunk
+    def _take(self, chunk: tuple[str, int, int, list[Any], int]) -> None:
+        broker, gen, index, _, skip = chunk
         tracker = self._tracker
         with tracker.lock:
             state = tracker.brokers[broker]
             if state.gen != gen:
                 return
-            state.high = index + 1
-            self._chunk, self._state, self._next = chunk, state, 0
+            state.high = Position(index + 1, 0)
+            self._chunk, self._state, self._next = chunk, state, skip
 
     def _poll(self, max_messages: int) -> list[Any]:
         """Up to ``max_messages`` messages without waiting."""
@@ -446,15 +503,15 @@ class StreamConsumer:
         member_id: this member's id with ``auto_commit=False`` (default: random).
 
     With ``auto_commit=False`` the consumer reads each (topic, broker) from the
-    group's committed position and never moves it but by :meth:`commit` (at pack
-    granularity, see the module docstring); :meth:`close` commits what was handed
+    group's committed position and never moves it but by :meth:`commit` (message by
+    message, see the module docstring); :meth:`close` commits what was handed
     out unless ``close(commit=False)``. :meth:`commit` covers every message handed
     out, by any stream: with several stream threads, a message handed to another
     thread and not processed yet is covered too. Multi-threaded code that must
     commit only what it finished uses ``with_metadata=True`` and
     ``commit(messages)``: per topic and broker, it commits the position just after
-    the last of the given messages (the pack's own index if that message is not the
-    last of its pack), trusting the caller that every earlier message of that
+    the last of the given messages (``Position(index, offset + 1)``, or the next
+    pack's start after a pack's last message), trusting the caller that every earlier message of that
     (topic, broker) was processed, and never moves a commit backwards.
 
     Members: several consumers of one group (processes, machines) share its
@@ -594,6 +651,7 @@ class StreamConsumer:
                 with tracker.lock:
                     gen = state.gen
                     request.startIndex = state.fetch_next
+                    skip = state.fetch_skip
                 try:
                     response = self._consume(conn, request, topic, broker, (*_NOTHING_YET, IndexOutOfBoundsError))
                 except _NOTHING_YET as exc:
@@ -618,20 +676,26 @@ class StreamConsumer:
                 with tracker.lock:
                     if state.gen != gen:
                         continue  # a seek meanwhile
-                    if state.fetch_next is None:
-                        state.high = first  # read from the committed position: where we stand
+                    if state.fetch_next is None:  # read from the committed position: where we stand
+                        skip = response.firstMessage or 0  # the first pack's committed messages
+                        state.high = Position(first, skip)
+                    elif state.fetch_next != first:
+                        skip = 0
                     state.fetch_next = response.lastConsumedIndex + 1
+                    state.fetch_skip = 0
                 for k, item in enumerate(items):
                     index = first + k
                     if self._raw:
-                        values = [decode(item)]
+                        values = [decode(_raw_rest(item, skip) if k == 0 and skip else item)]
+                        chunk_skip = 0
                     else:
                         try:
                             values = [decode(m) for m in decode_pack(item)]
                         except ValueError as exc:
                             log.error("skipping an undecodable pack %d on %r from %s: %s", index, topic, broker, exc)
                             values = []
-                    queue.put((broker, gen, index, values), self._stop)
+                        chunk_skip = skip if k == 0 else 0
+                    queue.put((broker, gen, index, values, chunk_skip), self._stop)
         finally:
             conn.close()
 
@@ -682,7 +746,7 @@ class StreamConsumer:
         """
         if self.auto_commit:
             self._tracker("")
-        targets: dict[tuple[str, str], int] = {}
+        targets: dict[tuple[str, str], Position] = {}
         if messages is None:
             for topic, tracker in self._trackers.items():
                 with tracker.lock:
@@ -699,14 +763,14 @@ class StreamConsumer:
                     last[key] = m
             for (topic, broker), m in last.items():
                 state = self._tracker(topic).brokers[broker]
-                position = m.index + 1 if m.offset == m.count - 1 else m.index
+                position = after(m.index, m.offset, m.count)
                 if state.committed is None or position > state.committed:
                     targets[topic, broker] = position
         error: BaseException | None = None
         with self._commit_lock:
             for (topic, broker), position in targets.items():
-                request = T.CommitOffsetRequest(topic=topic, fanoutId=self.group, index=position,
-                                                memberId=self.member_id)  # fmt: skip
+                request = T.CommitOffsetRequest(topic=topic, fanoutId=self.group, index=position.index,
+                                                message=position.message or None, memberId=self.member_id)  # fmt: skip
                 try:
                     self._conn(broker).checked("commitOffset", request)
                 except (BrokerError, BrokerUnavailableError) as exc:
@@ -729,47 +793,48 @@ class StreamConsumer:
                 except (BrokerError, BrokerUnavailableError) as exc:
                     log.info("releasing group %r of %r on %s: %s", self.group, topic, broker, exc)
 
-    def committed(self, topic: str) -> dict[str, int | None]:
-        """The group's committed position of ``topic``: ``{broker: index}``, None for
-        a broker where the group never committed."""
-        out: dict[str, int | None] = {}
+    def committed(self, topic: str) -> dict[str, Position | None]:
+        """The group's committed position of ``topic``: ``{broker: Position}``, None
+        for a broker where the group never committed."""
+        out: dict[str, Position | None] = {}
         with self._commit_lock:
             for broker in self.brokers:
                 response = self._conn(broker).checked(
                     "getCommitted", T.GetCommittedRequest(topic=topic, fanoutId=self.group)
                 )
-                out[broker] = int(response.index) if response.committed else None
+                out[broker] = Position(int(response.index), int(response.message or 0)) if response.committed else None
         return out
 
-    def position(self, topic: str) -> dict[str, int]:
-        """Where :meth:`commit` would commit ``topic``: ``{broker: index}``, just after
-        the last message handed out (at pack granularity); the committed position
-        (or where the group would start) for a broker nothing was read from yet."""
+    def position(self, topic: str) -> dict[str, Position]:
+        """Where :meth:`commit` would commit ``topic``: ``{broker: Position}``, just
+        after the last message handed out; the committed position (or where the group
+        would start) for a broker nothing was read from yet."""
         tracker = self._tracker(topic)
         with tracker.lock:
             known = {broker: tracker.position(broker) for broker in tracker.brokers}
-        out: dict[str, int] = {}
+        out: dict[str, Position] = {}
         for broker, position in known.items():
             if position is None:
                 with self._commit_lock:
                     response = self._conn(broker).checked(
                         "getCommitted", T.GetCommittedRequest(topic=topic, fanoutId=self.group)
                     )
-                position = int(response.index)
+                position = Position(int(response.index), int(response.message or 0))
             out[broker] = position
         return out
 
-    def seek(self, topic: str, position: Mapping[str, int]) -> None:
-        """Read ``topic`` from ``position`` (``{broker: index}``, brokers left out are
-        not moved): messages fetched and not handed out for those brokers are dropped,
-        the next ones handed out start there. Commits nothing (:meth:`commit` does)."""
+    def seek(self, topic: str, position: Mapping[str, int | tuple[int, int] | Position]) -> None:
+        """Read ``topic`` from ``position`` (``{broker: Position}``, or a pack index
+        for the start of that pack; brokers left out are not moved): messages fetched
+        and not handed out for those brokers are dropped, the next ones handed out
+        start there. Commits nothing (:meth:`commit` does)."""
         tracker = self._tracker(topic)
         with tracker.lock:
-            for broker, index in position.items():
+            for broker, where in position.items():
                 state = tracker.brokers.get(broker)
                 if state is None:
                     raise ValueError(f"broker {broker!r} is not one of this consumer's {self.brokers}")
-                state.reset(int(index))
+                state.reset(as_position(where))
 
     def subscribe(self, topics: Iterable[str]) -> None:
         """Start fetching ``topics`` for :meth:`poll` (one stream each, kept inside)."""
@@ -833,6 +898,15 @@ class StreamConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _raw_rest(item: bytes, skip: int) -> bytes:
+    """A raw reader's item whose first ``skip`` messages are committed: the rest as a
+    pack, or the item whole when it is not a pack (a raw item is one message)."""
+    try:
+        return pack_rest(item, skip)
+    except ValueError:
+        return item
 
 
 def create_message_streams(

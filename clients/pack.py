@@ -16,7 +16,15 @@ from idl.pack import MAGIC, pack_written_parts
 
 from .codec import client_errors
 
-__all__ = ["MAGIC", "decode_pack", "encode_pack", "encode_pack_written", "pack_codec", "pack_written_parts"]
+__all__ = [
+    "MAGIC",
+    "decode_pack",
+    "encode_pack",
+    "encode_pack_written",
+    "pack_codec",
+    "pack_rest",
+    "pack_written_parts",
+]
 
 #: One queue item holding ``messages`` (``bytes``; ``bytearray`` and ``memoryview`` are
 #: copied), compressed with ``codec``, the crc32 filled in; :class:`~clients.errors.PackError`
@@ -33,3 +41,6 @@ decode_pack = client_errors(_pack.decode_pack)
 #: The codec of a pack, without decompressing or checking the crc32;
 #: :class:`~clients.errors.PackError` if ``item`` is not a pack of magic 1.
 pack_codec = client_errors(_pack.pack_codec)
+#: ``item`` without its first ``skip`` messages, re-encoded in its own codec (``item``
+#: itself when ``skip`` <= 0); :class:`~clients.errors.PackError` if it is not a pack.
+pack_rest = client_errors(_pack.pack_rest)

@@ -77,6 +77,7 @@ __all__ = [
     "encode_pack",
     "encode_pack_written",
     "pack_codec",
+    "pack_rest",
     "pack_written_parts",
 ]
 
@@ -189,6 +190,18 @@ def pack_codec(item: bytes) -> int:
     magic, codec, *_ = _read_pack(item)
     _check_magic(magic)
     return codec
+
+
+def pack_rest(item: bytes, skip: int) -> bytes:
+    """``item`` without its first ``skip`` messages: the rest re-encoded as a pack in
+    the item's own codec (what a reader that hands items out whole gives of a pack
+    whose first messages a group has committed); ``item`` itself when ``skip`` <= 0.
+
+    Raises :class:`PackError` if ``item`` is not a valid pack.
+    """
+    if skip <= 0:
+        return item
+    return encode_pack(decode_pack(item)[skip:], pack_codec(item))
 
 
 # -- internals: the pack -------------------------------------------------------------

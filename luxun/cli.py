@@ -516,7 +516,9 @@ def _cmd_consume(args: argparse.Namespace) -> int:
 
 def _consume_committed(args: argparse.Namespace) -> int:
     """``consume --group G --commit/--no-commit``: read by index from the group's
-    committed position; with --commit, commit after each printed batch."""
+    committed position; with --commit, commit after each printed batch, just after
+    its last item (each printed item is one message for the CLI). A pack the group
+    committed in part (``firstMessage``) is printed as a pack of its other messages."""
     from clients.connection import consume_request
     from idl import luxun_thrift as T
 
@@ -544,6 +546,9 @@ def _consume_committed(args: argparse.Namespace) -> int:
             first = response.lastConsumedIndex - len(items) + 1
             if args.max:
                 items = items[: args.max - seen]
+            if index is None and response.firstMessage and items:
+                # the first item is a pack whose first messages the group committed: print the rest
+                items = [_pack_rest(items[0], response.firstMessage), *items[1:]]
             for item in items:
                 out.write(item + b"\n")
             out.flush()
@@ -558,6 +563,17 @@ def _consume_committed(args: argparse.Namespace) -> int:
     print(f"consumed {seen} items from {args.topic!r} from the committed position of group {args.group!r} ({verb})",
           file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _pack_rest(item: bytes, skip: int) -> bytes:
+    """``item`` without its first ``skip`` messages (committed), re-encoded as a pack;
+    the item whole if it is not a pack (one raw message)."""
+    from idl.pack import PackError, pack_rest
+
+    try:
+        return pack_rest(item, skip)
+    except PackError:
+        return item
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:

@@ -88,8 +88,11 @@ Read options (names follow Spark's Kafka source where they fit):
 Streaming offsets are ``{"topic": {"host:port": next index}}``. A micro-batch reads the
 fixed range [start, end) of each pair by index, so a replay after a failure reads the
 same items again (exactly-once ranges; make the sink idempotent per batch id for
-exactly-once output). ``Trigger.AvailableNow`` is supported (with the per-trigger
-maximums). A pair that appears after the query started is read from its oldest item.
+exactly-once output). A micro-batch never splits a pack, so its end offset is a message
+boundary: a restarted query starts at the first message after the last committed
+micro-batch, the rule ``StreamConsumer.commit()`` follows (docs/commits.md).
+``Trigger.AvailableNow`` is supported (with the per-trigger maximums). A pair that
+appears after the query started is read from its oldest item.
 
 Write options: ``luxun.servers``; ``topic`` (else a ``topic`` column, the option wins);
 ``packSize`` (messages per pack, default 1000); ``packBytes`` (payload bytes per pack,

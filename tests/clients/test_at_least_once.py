@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from clients.consumer import Message, SimpleConsumer, StreamConsumer
+from clients.consumer import Message, Position, SimpleConsumer, StreamConsumer
 from clients.errors import BrokerError
+from clients.messages import decode_pack
 from clients.producer import Producer
 
 from .conftest import address
@@ -56,21 +57,21 @@ def test_commit_then_a_new_consumer_starts_at_the_commit(brokers: Any) -> None:
     consumer.subscribe(["t"])
     first = poll_until(consumer, 35, max_messages=35)
     assert first == values(35)
-    assert consumer.position("t") == {address(b): 3}  # pack 3 is handed out in part: it is committed at 3
+    assert consumer.position("t") == {address(b): Position(3, 5)}  # pack 3 is handed out in part: message 5 is next
     assert consumer.committed("t") == {address(b): None}
     consumer.commit()
-    assert consumer.committed("t") == {address(b): 3}
+    assert consumer.committed("t") == {address(b): (3, 5)}
     consumer.close(commit=False)
-    # a new member of the group re-reads pack 3 whole (pack granularity), and nothing before
+    # a new member of the group starts at message 5 of pack 3: nothing committed again
     again = StreamConsumer(address(b), "g", auto_commit=False, wait_ms=200, with_metadata=True)
     again.subscribe(["t"])
-    rest = poll_until(again, 70)
-    assert [m.value for m in rest] == values(100)[30:]
-    assert isinstance(rest[0], Message) and (rest[0].index, rest[0].offset, rest[0].count) == (3, 0, 10)
+    rest = poll_until(again, 65)
+    assert [m.value for m in rest] == values(100)[35:]
+    assert isinstance(rest[0], Message) and (rest[0].index, rest[0].offset, rest[0].count) == (3, 5, 10)
     assert rest[-1].broker == address(b) and rest[-1].topic == "t"
     again.close()  # commits what was handed out
     with SimpleConsumer(address(b)) as simple:
-        assert simple.committed("t", "g") == 10
+        assert simple.committed("t", "g") == Position(10, 0)
         assert simple.consume_committed("t", "g").messages == []
         # the group is an at-least-once group now: auto-moving consumes are refused
         with pytest.raises(BrokerError, match="'g' of topic 't' commits its positions"):
@@ -104,11 +105,11 @@ def test_two_brokers_positions_seek_and_commit_of_finished_messages(brokers: Any
     committed = consumer.committed("t")
     for broker in (address(b1), address(b2)):
         last = max(((m.index, m.offset, m.count) for m in mine if m.broker == broker), default=None)
-        expected = None if last is None else (last[0] + 1 if last[1] == last[2] - 1 else last[0])
+        expected = None if last is None else (last[0] + 1, 0) if last[1] == last[2] - 1 else (last[0], last[1] + 1)
         assert committed[broker] == expected
     # seek back to the start of broker 1 and read it again
     consumer.seek("t", {address(b1): 0})
-    assert consumer.position("t")[address(b1)] == 0
+    assert consumer.position("t")[address(b1)] == (0, 0)
     consumer.close(commit=False)
     for t in threads:
         t.join(5)
@@ -169,10 +170,10 @@ def start_worker(brokers: str, member: str, seed: int, mode: str, out: Any) -> s
     )
 
 
-def parse(path: Path) -> tuple[list[tuple[str, int, int, str]], dict[str, int] | None, bool]:
+def parse(path: Path) -> tuple[list[tuple[str, int, int, str]], dict[str, tuple[int, int]] | None, bool]:
     """(messages printed, the last position printed after a commit, whether it started)."""
     seen: list[tuple[str, int, int, str]] = []
-    committed: dict[str, int] | None = None
+    committed: dict[str, tuple[int, int]] | None = None
     started = False
     for line in path.read_text().split("\n")[:-1]:  # the last line may be cut by the kill
         if line == "START":
@@ -181,7 +182,7 @@ def parse(path: Path) -> tuple[list[tuple[str, int, int, str]], dict[str, int] |
             _, broker, index, offset, value = line.split(" ")
             seen.append((broker, int(index), int(offset), value))
         elif line.startswith("C "):
-            committed = json.loads(line[2:])
+            committed = {broker: (index, message) for broker, (index, message) in json.loads(line[2:]).items()}
     return seen, committed, started
 
 
@@ -201,7 +202,7 @@ def test_a_consumer_killed_at_random_points_loses_nothing(brokers: Any, tmp_path
     produce(both, "t", expected, batch_size=25)
     rng = random.Random(5)
     everything: set[str] = set()
-    committed: dict[str, int] = {}
+    committed: dict[str, tuple[int, int]] = {}
     for round_ in range(11):
         mode = "drain" if round_ == 10 else "slow"
         log_path = tmp_path / f"round-{round_}.txt"
@@ -220,15 +221,14 @@ def test_a_consumer_killed_at_random_points_loses_nothing(brokers: Any, tmp_path
         for broker, index, offset, value in seen:
             per_broker.setdefault(broker, []).append((index, offset))
             if value in everything:
-                assert index >= committed.get(broker, 0), (round_, broker, index, committed)
+                assert (index, offset) >= committed.get(broker, (0, 0)), (round_, broker, index, committed)
         for broker, order in per_broker.items():
             assert order == sorted(order) and len(set(order)) == len(order), (round_, broker)
             if broker in committed:
                 # A restart starts at the last commit: the one logged, or a later one whose
                 # log line the kill cut off (commit() had returned; what it covered was
                 # logged as processed before it, and "nothing lost" below checks that).
-                first_index, first_offset = order[0]
-                assert first_offset == 0 and first_index >= committed[broker], (round_, broker, order[0], committed)
+                assert order[0] >= committed[broker], (round_, broker, order[0], committed)
         everything.update(value for *_, value in seen)
         if last_commit is not None:
             committed.update(last_commit)
@@ -291,7 +291,7 @@ def test_simple_consumer_reads_from_the_committed_position_without_moving_it(bro
         assert (peek.messages, peek.next_index, peek.packs) == (values(10), 1, 1)
         assert simple.consume_committed("t", "g", max_bytes=1).messages == values(10)  # nothing moved
         simple.commit("t", "g", 2)
-        assert simple.committed("t", "g") == 2
+        assert simple.committed("t", "g") == (2, 0)
         assert simple.consume_committed("t", "g").messages == values(30)[20:]
         assert simple.consume_committed("t", "g", start=1, max_bytes=1).messages == values(30)[10:20]
         with pytest.raises(BrokerError, match=r"outside \[tail, head\] = \[0, 3\]"):
@@ -321,3 +321,35 @@ def test_cli_consume_commit_and_no_commit(brokers: Any) -> None:
     assert len(refused.stderr.strip().split(b"\n")) == 1
     bad = run_cli("consume", "t", "--from-index", "0", "--commit", *broker)
     assert bad.returncode == 2 and b"--commit and --no-commit need --group" in bad.stderr
+
+
+# -- message positions (Issue 31, part 1) ----------------------------------------------------------------
+def test_simple_consumer_and_cli_resume_inside_a_pack_committed_in_part(brokers: Any) -> None:
+    (b,) = brokers(1)
+    produce(address(b), "t", values(30))  # packs 0, 1, 2 of 10
+    with SimpleConsumer(address(b)) as simple:
+        simple.commit("t", "g", 1, 4)  # pack 0 and messages 0..3 of pack 1 processed
+        assert simple.committed("t", "g") == Position(1, 4)
+        got = simple.consume_committed("t", "g")
+        assert (got.messages, got.start, got.next_index) == (values(30)[14:], (1, 4), 3)
+        assert simple.consume_committed("t", "g", start=Position(2, 3)).messages == values(30)[23:]
+        assert simple.consume_committed("t", "g", start=2).messages == values(30)[20:]
+        simple.commit("t", "g", Position(1, 6))
+        assert simple.committed("t", "g") == (1, 6)
+    # the CLI prints items whole: pack 1 as a pack of its uncommitted messages
+    peek = run_cli("consume", "t", "--group", "g", "--no-commit", "--max", "1", "--broker", address(b))
+    assert peek.returncode == 0 and decode_pack(peek.stdout[:-1]) == values(30)[16:20]
+    done = run_cli("consume", "t", "--group", "g", "--commit", "--max", "1", "--broker", address(b))
+    assert done.returncode == 0 and b"committed up to index 2" in done.stderr
+    with SimpleConsumer(address(b)) as simple:
+        assert simple.committed("t", "g") == (2, 0)
+    # a stream consumer of the group resumes at the first message after the commit
+    consumer = StreamConsumer(address(b), "g", auto_commit=False, wait_ms=100, with_metadata=True)
+    consumer.subscribe(["t"])
+    first = poll_until(consumer, 3, max_messages=3)
+    assert [(m.index, m.offset) for m in first] == [(2, 0), (2, 1), (2, 2)]
+    consumer.commit()
+    assert consumer.committed("t") == {address(b): (2, 3)}
+    consumer.seek("t", {address(b): Position(2, 8)})
+    assert [m.value for m in poll_until(consumer, 2)] == values(30)[28:]
+    consumer.close(commit=False)

@@ -367,9 +367,9 @@ def test_at_least_once_quickstart(brokers: StartBroker) -> None:
     checks = f"""
 from clients.consumer import SimpleConsumer
 check(done, 10)
-check(value('consumer.position("orders")'), {{{address(broker)!r}: 1}})
+check(value('consumer.position("orders")'), {{{address(broker)!r}: (1, 0)}})
 with SimpleConsumer({address(broker)!r}) as simple:
-    check(simple.committed("orders", "billing"), 1)
+    check(simple.committed("orders", "billing"), (1, 0))
 """
     run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
 
