@@ -31,8 +31,18 @@ Sweeps (``--sweeps``): ``batch`` = producer batch sizes 1, 10, 100, 1000 for 100
 messages without compression (the shape of Table 10.3 of the HMB thesis in
 ../shared/seeds/003_4ad83c588116fe9a.txt); ``size`` = 100 B, 1 KB, 10 KB messages with
 batches of 100 (packs of about 10 KB, 100 KB, 1 MB; the shape of Table 10.5);
-``codec`` = none, gzip, snappy for 100 B and 1 KB messages in batches of 1000. A
-configuration shared by two sweeps is measured once.
+``codec`` = none, gzip, snappy for 100 B and 1 KB messages in batches of 1000;
+``commits`` = the consumer-with-commits cell: 100 B messages in batches of 1000, the
+pre-filled topic read alone by ``StreamConsumer(auto_commit=False)`` (one stream, a new
+group per pass) calling ``commit()`` every 1,000 and every 10,000 messages, and once per
+pass only (the baseline), beside the ``auto_commit=True`` consumer alone of the same
+configuration; it shows what precise commits cost (Issue 31). A configuration shared
+by two sweeps is measured once.
+
+Before/after a change to commits: ``--sweeps commits`` on each tree, in the same hour.
+The cell uses only ``commit()``, so this file runs against older code too: e.g.
+``git worktree add /tmp/before <old commit>``, copy this file into
+``/tmp/before/perf/``, and run it there and here.
 
 Every loop is bounded: the producer stops at a message count, a byte budget or a number
 of seconds, whichever comes first (the clock is read between chunks of at most 1000
@@ -92,7 +102,10 @@ MB = 1_000_000
 CODECS = {"none": NO_COMPRESSION, "gzip": GZIP, "snappy": SNAPPY}
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_clients.json"
 DEFAULT_PROFILE = Path(__file__).resolve().parent / "results" / "bench_clients_profile.txt"
-SWEEPS = ("batch", "size", "codec")
+SWEEPS = ("batch", "size", "codec", "commits")
+#: The consumer-with-commits cell: one configuration, commit() every this many messages
+#: (None: once, at the end of each pass).
+COMMIT_EVERY: tuple[int | None, ...] = (None, 10_000, 1_000)
 #: Messages sent between two reads of the clock (fewer for big messages: at most 1 MiB).
 CHUNK_MAX_MESSAGES = 1000
 #: Messages a consumer takes from its stream between two checks of the target and the clock.
@@ -134,6 +147,9 @@ class Config:
         return f"{self.size}B/batch{self.batch}/{self.codec}"
 
 
+COMMITS_CONFIG = Config(100, 1000, "none")
+
+
 def sweep_configs(sweeps: list[str], codecs: list[str]) -> dict[str, list[Config]]:
     out: dict[str, list[Config]] = {}
     if "batch" in sweeps:
@@ -142,6 +158,8 @@ def sweep_configs(sweeps: list[str], codecs: list[str]) -> dict[str, list[Config
         out["size"] = [Config(s, 100, "none") for s in (100, 1000, 10_000)]
     if "codec" in sweeps:
         out["codec"] = [Config(s, 1000, c) for s in (100, 1000) for c in codecs]
+    if "commits" in sweeps:
+        out["commits"] = [COMMITS_CONFIG]
     return out
 
 
@@ -384,13 +402,14 @@ def consume_count(
             bad += 1
 
 
-def open_stream(spec: dict[str, Any], group: str) -> tuple[StreamConsumer, Any]:
+def open_stream(spec: dict[str, Any], group: str, auto_commit: bool = True) -> tuple[StreamConsumer, Any]:
     consumer = StreamConsumer(
         spec["broker"],
         group,
         consumer_timeout_ms=CONSUMER_POLL_MS,
         wait_ms=spec["wait_ms"],
         fetch_bytes=spec["fetch_bytes"],
+        auto_commit=auto_commit,
     )
     return consumer, consumer.create_message_streams({spec["topic"]: 1})[spec["topic"]][0]
 
@@ -499,6 +518,72 @@ def consumer_alone_main(spec: dict[str, Any], shared: dict[str, Any], results: A
     results.put(out)
 
 
+def consumer_commits_main(spec: dict[str, Any], shared: dict[str, Any], results: Any) -> None:
+    """The consumer-with-commits cell: :func:`consumer_alone_main` with
+    ``auto_commit=False``, calling ``commit()`` every ``spec["every"]`` messages (None:
+    only at the end of each pass); the commits are inside the timed pass."""
+    out: dict[str, Any] = {"role": "consumer"}
+    try:
+        count, every = spec["count"], spec["every"]
+        clock = time.perf_counter
+        total = passes = commits = 0
+        timed = commit_s = 0.0
+        cpu0, broker0 = time.process_time(), cpu_seconds(spec["broker_pid"])
+        t_begin = clock()
+        stopped_by = "count"
+        while True:
+            t_create = clock()
+            consumer, stream = open_stream(spec, f"{spec['group']}-{passes}", auto_commit=False)
+            deadline = t_create + spec["seconds"] + spec["drain_seconds"]
+            n = since = 0
+            while n < count and clock() < deadline:
+                k = min(CONSUMER_CHUNK, count - n, (every - since) if every else CONSUMER_CHUNK)
+                before = n
+                with contextlib.suppress(ConsumerTimeoutError):
+                    for _ in islice(stream, k):
+                        n += 1
+                since += n - before
+                if every and since >= every:
+                    t0 = clock()
+                    consumer.commit()
+                    commit_s += clock() - t0
+                    commits += 1
+                    since = 0
+            t0 = clock()
+            consumer.commit()  # what the pass read: the last commit, as an application's close
+            t_last = clock()
+            commit_s += t_last - t0
+            commits += 1
+            consumer.close(0, commit=False)
+            timed += t_last - t_create
+            total += n
+            passes += 1
+            if n < count:
+                stopped_by = f"time (pass {passes} incomplete: {n} of {count})"
+                break
+            if timed >= spec["seconds"]:
+                stopped_by = "time"
+                break
+            if total + count > spec["max_messages"] or passes >= MAX_PASSES:
+                break
+        wall = clock() - t_begin
+        cpu1, broker1 = time.process_time(), cpu_seconds(spec["broker_pid"])
+        out.update(
+            received=total,
+            passes=passes,
+            commits=commits,
+            commit_s=commit_s,
+            stopped_by=stopped_by,
+            timed_s=timed,
+            wall_s=wall,
+            cpu_s=cpu1 - cpu0,
+            broker_cpu_s=None if broker0 is None or broker1 is None else broker1 - broker0,
+        )
+    except BaseException as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    results.put(out)
+
+
 # -- the parent's side of a run ---------------------------------------------------------------
 @dataclass
 class Measure:
@@ -524,6 +609,8 @@ class Row:
     end_to_end: Measure | None = None
     producer: Measure | None = None
     consumer: Measure | None = None
+    #: the consumer-with-commits cell: commit every N messages ("end": once per pass) -> measure
+    commits: dict[str, Measure] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -535,6 +622,7 @@ class Row:
             "end_to_end": asdict(self.end_to_end) if self.end_to_end else None,
             "producer": asdict(self.producer) if self.producer else None,
             "consumer": asdict(self.consumer) if self.consumer else None,
+            "consumer_commits": {k: asdict(m) for k, m in self.commits.items()},
             "bottleneck": bottleneck(self),
         }
 
@@ -648,6 +736,32 @@ def run_consumer_alone(ctx: Context, cfg: Config, topic: str, count: int, profil
     )
 
 
+def run_consumer_commits(ctx: Context, cfg: Config, topic: str, count: int, every: int | None) -> Measure:
+    spec = base_spec(ctx, cfg, topic) | {
+        "count": count,
+        "max_messages": ctx.args.messages,
+        "group": f"commits-{secrets.token_hex(3)}",
+        "every": every,
+    }
+    (c,) = run_children([(consumer_commits_main, spec)], new_shared(False), run_timeout(ctx.args))
+    return rate(
+        cfg,
+        "consumer_commits",
+        c["received"],
+        c["timed_s"],
+        c["stopped_by"],
+        consumer_cpu=per_s(c["cpu_s"], c["wall_s"]),
+        broker_cpu=per_s(c["broker_cpu_s"], c["wall_s"]),
+        details={
+            "commit_every": every,
+            "messages_in_topic": count,
+            "passes": c["passes"],
+            "commits": c["commits"],
+            "commit_ms_mean": round(1000 * c["commit_s"] / max(c["commits"], 1), 3),
+        },
+    )
+
+
 def run_end_to_end(ctx: Context, cfg: Config, topic: str, profile: bool = False) -> tuple[Measure, list[str]]:
     spec = base_spec(ctx, cfg, topic) | {"group": f"e2e-{secrets.token_hex(3)}", "profile": profile}
     shared = new_shared(True)
@@ -710,6 +824,12 @@ def measure_config(ctx: Context, cfg: Config) -> Row:
         quiet(ctx)
         row.consumer = run_consumer_alone(ctx, cfg, filled, in_topic)
         log_measure(cfg, row.consumer)
+        if cfg == COMMITS_CONFIG and "commits" in ctx.args.sweeps:
+            for every in COMMIT_EVERY:
+                quiet(ctx)
+                m = run_consumer_commits(ctx, cfg, filled, in_topic, every)
+                row.commits["end" if every is None else str(every)] = m
+                log_measure(cfg, m)
         delete_topic(ctx, filled)
         quiet(ctx)
         row.end_to_end, _ = run_end_to_end(ctx, cfg, e2e)
@@ -772,6 +892,27 @@ def table(title: str, variable: str, rows: list[tuple[str, Row]], codec_cols: bo
         )
         ratio = f"{r.pack_bytes / r.raw_pack_bytes:>5.2f}  " if codec_cols else ""
         lines.append(f"{label:<26}{cells}{cpu:>16}  {ratio}{bottleneck(r) or '-'}")
+    return lines
+
+
+def commits_table(r: Row) -> list[str]:
+    """The consumer-with-commits cell: the consumer alone with auto_commit=True, then
+    auto_commit=False committing once per pass, every 10,000 and every 1,000 messages."""
+    head = f"{'Consumer (commit every)':<34}{'msgs/s':>10}{'MB/s':>10}{'commits':>10}{'ms/commit':>11}{'CPU c/b':>12}"
+    lines = [f"Consumer with commits: {r.config.key}, the pre-filled topic read alone", head, "-" * len(head)]
+    cells: list[tuple[str, Measure | None]] = [("auto_commit=True (no commits)", r.consumer)]
+    cells += [(f"auto_commit=False, {'once per pass' if k == 'end' else f'{int(k):,} msgs'}", m)
+              for k, m in r.commits.items()]  # fmt: skip
+    for label, m in cells:
+        if m is None:
+            continue
+        cpu = "/".join("-" if v is None else f"{v:.1f}" for v in (m.consumer_cpu, m.broker_cpu))
+        n = m.details.get("commits")
+        per = m.details.get("commit_ms_mean")
+        lines.append(
+            f"{label:<34}{fmt_rate(m.msgs_per_s):>10}{m.mb_per_s:>10.1f}{'-' if n is None else n:>10}"
+            f"{'-' if per is None else per:>11}{cpu:>12}"
+        )
     return lines
 
 
@@ -849,6 +990,9 @@ def render(machine: dict[str, Any], config: dict[str, Any], broker: BrokerInfo, 
         rs = [(f"{fmt_size(c.size)} (pack {rows[c].pack_bytes / 1000:,.0f} KB)", rows[c]) for c in sweeps["size"]]
         lines += table("Effect of message size (cf. Table 10.5): batches of 100 messages, no compression",
                        "Message size", rs)  # fmt: skip
+        lines.append("")
+    if "commits" in sweeps:
+        lines += commits_table(rows[COMMITS_CONFIG])
         lines.append("")
     if "codec" in sweeps:
         rs = [(f"{fmt_size(c.size)}, {c.codec}", rows[c]) for c in sweeps["codec"]]
