@@ -90,7 +90,8 @@ struct ConsumeRequest {
     // without moving any position: from startIndex when it is set and >= 0 (it
     // must lie in [committed position, head]), else from the group's committed
     // position (a group that never committed: where it stands, tail for a new
-    // group). The reply always sets firstIndex. A group that has committed refuses
+    // group). The reply always sets firstIndex, and firstMessage when the committed
+    // position is inside the first item. A group that has committed refuses
     // consumes without fromCommitted (FAILURE/INTERNAL_ERROR).
     7: optional bool fromCommitted,
     // EXTENSION (luxun-py), with fromCommitted: the reading member's id. The
