@@ -341,7 +341,7 @@ def test_kafka_python(sasl_broker: BrokerProcess, mechanism: str, caplog: pytest
         consumer.close()
 
     with caplog.at_level(logging.ERROR, logger="kafka"), pytest.raises(KafkaError):
-        KafkaProducer(**_python_conf(sasl_broker, mechanism, (ALICE[0], "wrong")), bootstrap_timeout_ms=3000)
+        KafkaProducer(**_python_conf(sasl_broker, mechanism, (ALICE[0], "wrong")), bootstrap_timeout_ms=10_000)
     assert "SaslAuthenticationFailedError" in caplog.text and "Authentication failed" in caplog.text
 
 
