@@ -23,11 +23,12 @@ code: 1 for a failure, 2 for a usage error (such as a topic name no broker takes
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 DEFAULT_BROKER = "127.0.0.1:9092"
@@ -56,8 +57,49 @@ class CliError(Exception):
         self.code = code
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser that refuses what it does not know itself, with its own usage.
+
+    argparse leaves a subcommand's unknown arguments to the top-level parser (which
+    prints the top-level usage), and checks required arguments before unknown ones (so
+    ``consume logs --gruop g`` asked for one of ``--group --from-index --from``). Here
+    each parser, the subcommands' included, first parses with nothing required and
+    names an unknown argument, with a close match when there is one; then parses as
+    declared.
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        args = sys.argv[1:] if args is None else list(args)
+        required: list[Any] = [a for a in self._actions if a.required]
+        required += [g for g in self._mutually_exclusive_groups if g.required]
+        for declared in required:
+            declared.required = False
+        try:
+            _, unknown = super().parse_known_args(args, argparse.Namespace())
+        finally:
+            for declared in required:
+                declared.required = True
+        if not unknown:
+            parsed, unknown = super().parse_known_args(args, namespace)
+            if not unknown:
+                return parsed, unknown
+        self.error(f"unrecognized arguments: {' '.join(unknown)}{self._did_you_mean(unknown)}")
+
+    def _did_you_mean(self, unknown: list[str]) -> str:
+        """`` (did you mean --group?)`` for the first unknown option like a known one."""
+        for arg in unknown:
+            if arg.startswith("-"):
+                close = difflib.get_close_matches(
+                    arg.split("=", 1)[0], list(self._option_string_actions), n=1, cutoff=0.75
+                )
+                return f" (did you mean {close[0]}?)" if close else ""
+        return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="luxun", description="luxun: a persistent publish/subscribe message queue")
+    parser = _Parser(prog="luxun", description="luxun: a persistent publish/subscribe message queue")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run a broker (defaults: ./luxun-data, 127.0.0.1:9092)")

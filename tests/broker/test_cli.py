@@ -118,6 +118,38 @@ def test_a_broker_address_without_port_means_9092() -> None:
     one_line_error(done, "localhost:9092", code=1)
 
 
+# -- usage errors ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args,flag,hint",
+    [
+        (("consume", "logs", "--gruop", "g"), "--gruop", "--group"),
+        (("serve", "--prot", "9092"), "--prot", "--port"),
+        (("produce", "logs", "--asnyc"), "--asnyc", "--async"),
+    ],
+    ids=["consume", "serve", "produce"],
+)
+def test_an_unknown_flag_is_named_with_the_subcommands_usage(args: tuple[str, ...], flag: str, hint: str) -> None:
+    """Named before a missing required option (consume's --group | --from-index | --from), and
+    under ``usage: luxun <command>``, not the top-level usage."""
+    done = run_cli(*args, timeout_s=30)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 2, err
+    assert "Traceback" not in err, err
+    assert err.startswith(f"usage: luxun {args[0]} "), err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"luxun {args[0]}: error: unrecognized arguments: {flag}"), err
+    assert f"did you mean {hint}?" in last, err
+    assert "required" not in err, err
+
+
+def test_a_missing_required_option_is_still_named() -> None:
+    done = run_cli("consume", "logs", timeout_s=30)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 2, err
+    assert err.startswith("usage: luxun consume "), err
+    assert "one of the arguments --group --from-index --from is required" in err, err
+
+
 # -- item sizes -----------------------------------------------------------------------------
 def test_an_item_over_the_default_limit_is_refused_before_sending(broker_factory: Any) -> None:
     broker = broker_factory()
