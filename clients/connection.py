@@ -2,8 +2,9 @@
 
 Thrift and socket errors become :class:`BrokerUnavailableError` (keeping the cause)
 with a one-line message naming the broker's host:port and what happened: connection
-refused, no answer within the timeout (e.g. a metrics port instead of the QueueService
-port), connection reset or closed during a call, an unknown method. A failed
+refused, no answer within the timeout, connection reset or closed during a call (a
+luxun metrics port given instead of the QueueService port closes it at once), an
+unknown method. A failed
 ``Result`` becomes the matching :class:`BrokerError`. After a transport error the
 connection is dropped and the next call reconnects.
 

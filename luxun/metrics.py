@@ -11,10 +11,13 @@ Thread-safety: ``observe`` may be called from any thread (a lock guards the maps
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import html
 import json
 import logging
+import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -330,6 +333,24 @@ def _kafka_error_name(code: int) -> str:
         return str(code)
 
 
+def _drain_and_close(sock: socket.socket) -> None:
+    """End our side (the peer reads end of file), then read what the peer still sends,
+    bounded in bytes and time, so that the close does not reset the connection."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + _DRAIN_S
+        left = _DRAIN_BYTES
+        while left > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            sock.settimeout(remaining)
+            data = sock.recv(min(left, 65536))
+            if not data:
+                break
+            left -= len(data)
+
+
 class _HTTPServer(ThreadingHTTPServer):
     """Backs off when accept fails for lack of descriptors or memory: socketserver's
     loop would find the listener readable again at once and spin a core."""
@@ -346,11 +367,45 @@ class _HTTPServer(ThreadingHTTPServer):
             raise
 
 
+#: An HTTP request line starts with a method token then a space (RFC 9112); the first
+#: bytes a connection sends are checked against this before waiting for a line end.
+_REQUEST_LINE_START: Final = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}(?: |\Z)")
+#: What is read and dropped from a connection that is not HTTP before closing it (so the
+#: close is a FIN, not a reset that loses the client's last read): at most this many bytes...
+_DRAIN_BYTES: Final = 1 << 20
+#: ...for at most this long.
+_DRAIN_S: Final = 1.0
+
+
+def _looks_like_http(first: bytes) -> bool:
+    """True when ``first``, the first bytes a connection sent (at least one), can begin
+    an HTTP request line; False for a Thrift or Kafka frame, whose 4-byte length starts it."""
+    return _REQUEST_LINE_START.match(first[:64]) is not None
+
+
 class MetricsServer:
-    """Serves ``/metrics`` and ``/`` over HTTP in a daemon thread."""
+    """Serves ``/metrics`` and ``/`` over HTTP in a daemon thread.
+
+    A connection whose first bytes cannot start an HTTP request line (a client of the
+    QueueService or Kafka port pointed here by mistake) is closed at once: the HTTP
+    server would wait for a line end that a binary frame may never hold, and the
+    client for its call timeout.
+    """
 
     def __init__(self, host: str, port: int, metrics: Metrics, topics: Callable[[], Iterable[Any]], title: str) -> None:
         class Handler(BaseHTTPRequestHandler):
+            def handle_one_request(self) -> None:
+                try:
+                    first = self.rfile.peek(1)  # type: ignore[attr-defined]  # a BufferedReader
+                except OSError:
+                    first = b""
+                if first and not _looks_like_http(first):
+                    log.debug("metrics http: %s sent no HTTP request line; closed", self.client_address)
+                    self.close_connection = True
+                    _drain_and_close(self.connection)
+                    return
+                super().handle_one_request()
+
             def do_GET(self) -> None:
                 if self.path.split("?")[0] == "/metrics":
                     body = metrics.render(topics()).encode()
