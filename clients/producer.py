@@ -272,7 +272,9 @@ class Producer:
             return self._count_drop(topic, 1, DROP_RATE_LIMIT, "over the topic's rate limit")
         if self._buffered >= cfg.buffer_messages:
             if cfg.block_on_full_ms == 0:
-                raise BufferFullError(f"producer buffer full ({cfg.buffer_messages} messages)")
+                raise BufferFullError(
+                    f"producer buffer full ({cfg.buffer_messages} message{'' if cfg.buffer_messages == 1 else 's'})"
+                )
             deadline = time.monotonic() + cfg.block_on_full_ms / 1000
             while self._buffered >= cfg.buffer_messages and not self._closing:
                 remaining = deadline - time.monotonic()
@@ -444,7 +446,9 @@ class Producer:
         key = (topic, reason)
         self._dropped[key] = self._dropped.get(key, 0) + n
         if reason != DROP_RATE_LIMIT:
-            log.warning("dropped %d message(s) for topic %r: %s (%s)", n, topic, reason, detail)
+            log.warning(
+                "dropped %d %s for topic %r: %s (%s)", n, "message" if n == 1 else "messages", topic, reason, detail
+            )
         return MessageDroppedError(topic, reason, detail)
 
     def _drop(self, topic: str, future: Future[int | None], count: int, reason: str, detail: str) -> None:

@@ -263,6 +263,11 @@ def _check_topic(topic: str) -> None:
         raise CliError(f"topic {topic!r}: {problem}", 2)
 
 
+def _counted(n: int, noun: str) -> str:
+    """``"1 item"``, ``"2 items"``, ``"0 items"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _fail(message: str, code: int) -> int:
     print(f"luxun: {message}", file=sys.stderr)
     return code
@@ -459,7 +464,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
                     raise CliError(
                         f"line {number} of stdin is {size} bytes, over --max-item-bytes {args.max_item_bytes} "
                         f"(default: the broker's default max.message.size); not sent, nor anything after it "
-                        f"({count} items {verb} before it); if the broker's max.message.size is larger, "
+                        f"({_counted(count, 'item')} {verb} before it); if the broker's max.message.size is larger, "
                         "raise --max-item-bytes to it"
                     )
                 request = T.ProduceRequest(item=item, topic=args.topic)
@@ -471,7 +476,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
                     if error:
                         raise CliError(
                             f"produce of line {number} to {args.topic!r} on {conn.where} failed: {error} "
-                            f"({count} items produced before it)"
+                            f"({_counted(count, 'item')} produced before it)"
                         )
                 count += 1
             if args.oneway and count:
@@ -479,24 +484,25 @@ def _cmd_produce(args: argparse.Namespace) -> int:
                 error = _failure(conn.call("getSize", T.GetSizeRequest(topic=args.topic)).result)
                 if error:
                     raise CliError(
-                        f"sent {count} items to {args.topic!r} on {conn.where} with asyncProduce, but then: {error}; "
+                        f"sent {_counted(count, 'item')} to {args.topic!r} on {conn.where} with asyncProduce, "
+                        f"but then: {error}; "
                         "the broker refused them (oneway calls get no answer: see the broker log/metrics)"
                     )
         except BrokerUnavailableError as exc:
             if _connection_lost(exc.__cause__) and largest + _CALL_HEAD_ALLOWANCE > _FRAME_SLACK_BYTES:
                 raise CliError(
                     f"{exc}; an item of up to {largest} bytes may exceed the broker's max.message.size "
-                    f"({count} items {verb} before)"
+                    f"({_counted(count, 'item')} {verb} before)"
                 ) from exc
             raise
     if args.oneway:
         print(
-            f"sent {count} items to {args.topic!r} on {conn.where} "
+            f"sent {_counted(count, 'item')} to {args.topic!r} on {conn.where} "
             "(oneway: refusals are not reported; check the broker log/metrics)",
             file=sys.stderr,
         )
     else:
-        print(f"produced {count} items to {args.topic!r} on {conn.where}", file=sys.stderr)
+        print(f"produced {_counted(count, 'item')} to {args.topic!r} on {conn.where}", file=sys.stderr)
     return 0
 
 
@@ -557,7 +563,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
             seen += len(items)
             if index is not None:
                 index = response.lastConsumedIndex + 1
-    print(f"consumed {seen} items from {args.topic!r}", file=sys.stderr)
+    print(f"consumed {_counted(seen, 'item')} from {args.topic!r}", file=sys.stderr)
     return 0
 
 
@@ -607,8 +613,8 @@ def _consume_committed(args: argparse.Namespace) -> int:
                 if error:
                     raise CliError(f"commit of group {args.group!r} on {args.topic!r} on {conn.where}: {error}")
     verb = f"committed up to index {index}" if args.commit and seen else "nothing committed"
-    print(f"consumed {seen} items from {args.topic!r} from the committed position of group {args.group!r} ({verb})",
-          file=sys.stderr)  # fmt: skip
+    where = f"from {args.topic!r} from the committed position of group {args.group!r}"
+    print(f"consumed {_counted(seen, 'item')} {where} ({verb})", file=sys.stderr)
     return 0
 
 
@@ -688,7 +694,7 @@ def _cmd_delete(args: argparse.Namespace) -> int:
         error = _failure(conn.call("deleteTopic", T.DeleteTopicRequest(topic=args.topic, password=password)).result)
         if error:
             raise CliError(f"delete of {args.topic!r} on {conn.where} refused: {error}")
-    print(f"deleted topic {args.topic!r} on {conn.where} ({size.size} items)", file=sys.stderr)
+    print(f"deleted topic {args.topic!r} on {conn.where} ({_counted(size.size, 'item')})", file=sys.stderr)
     return 0
 
 

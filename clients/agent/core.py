@@ -700,8 +700,8 @@ class Agent(AgentInputs):
             self.discard_log.write_many(info, batch.topic, batch.min_ts, b"", values_of(batch.written))
 
     def _refused(self, batch: _Batch, reason: str, detail: str, log_info: str) -> None:
-        self._log_limited(f"refused:{batch.topic}", f"discarding {batch.count} messages of {batch.topic!r}: "
-                          f"{detail}")  # fmt: skip
+        messages = "message" if batch.count == 1 else "messages"
+        self._log_limited(f"refused:{batch.topic}", f"discarding {batch.count} {messages} of {batch.topic!r}: {detail}")
         self._settle(batch, reason, log_info)
 
     def _log_limited(self, key: str, message: str, interval_s: float = 5.0) -> None:

@@ -155,7 +155,7 @@ class Stats:
                 return
             self._logged[reason] = (now, 0)
         more = f" (+{suppressed} more since the last line)" if suppressed else ""
-        log.warning("discarded %d message(s): %s, topic %r%s", n, reason, topic, more)
+        log.warning("discarded %d %s: %s, topic %r%s", n, "message" if n == 1 else "messages", reason, topic, more)
 
     def unclean_disconnect(self, transport: str, left_bytes: int, counter: str) -> None:
         with self.lock:

@@ -220,7 +220,7 @@ def test_async_produce_says_sent_and_that_refusals_are_not_reported(broker_facto
     err = done.stderr.decode()
     assert done.returncode == 0, err
     assert "produced" not in err, err
-    assert "sent 1 items" in err and "oneway" in err and "not reported" in err, err
+    assert "sent 1 item to" in err and "oneway" in err and "not reported" in err, err
     assert topic_size(broker, "async") == 1
 
 
@@ -232,6 +232,25 @@ def test_async_produce_to_a_topic_that_never_appears_is_an_error(broker_factory:
         stdin=b"x" * (3 * ONE_MIB // 2) + b"\n",
     )  # fmt: skip
     one_line_error(done, "'never'", "does not exist", address, code=1)
+
+
+# -- wording ------------------------------------------------------------------------------------
+def test_counts_of_one_are_singular(broker_factory: Any) -> None:
+    broker = broker_factory()
+    address = f"127.0.0.1:{broker.port}"
+    for args, stdin, said in (
+        (("produce", "one"), b"x\n", "produced 1 item to 'one'"),
+        (("consume", "one", "--from", "earliest"), b"", "consumed 1 item from 'one'"),
+        (("consume", "one", "--group", "g", "--no-commit"), b"", "consumed 1 item from 'one'"),
+        (("delete", "one", "--password", PASSWORD), b"", "(1 item)"),
+        (("produce", "two"), b"x\ny\n", "produced 2 items to 'two'"),
+    ):
+        done = run_cli(*args, "--broker", address, stdin=stdin)
+        err = done.stderr.decode()
+        assert done.returncode == 0, err
+        assert said in err, (args, err)
+    done = run_cli("produce", "one", "--broker", address, "--max-item-bytes", "1", stdin=b"x\nyy\n")
+    one_line_error(done, "(1 item produced before it)", code=1)
 
 
 # -- delete ------------------------------------------------------------------------------------
