@@ -103,8 +103,42 @@ class _Parser(argparse.ArgumentParser):
         return ""
 
 
+def _package_version() -> str:
+    """luxun's version: its installed distribution's, else ``luxun.__version__``, else the
+    ``version`` of the ``setup.cfg`` beside the package (a source tree), else ``"unknown"``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("luxun")
+    except metadata.PackageNotFoundError:
+        pass
+    import luxun
+
+    version = getattr(luxun, "__version__", None)
+    if isinstance(version, str):
+        return version
+    import configparser
+    from pathlib import Path
+
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parent.parent / "setup.cfg", encoding="utf-8")
+    return setup.get("metadata", "version", fallback="unknown")
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print ``luxun <version>`` and exit 0 (the version looked up only then)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"luxun {_package_version()}")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="luxun", description="luxun: a persistent publish/subscribe message queue")
+    parser.add_argument("--version", action=_VersionAction, help="print luxun's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run a broker (defaults: ./luxun-data, 127.0.0.1:9092)")

@@ -8,6 +8,7 @@ limit), and that no Python traceback is printed.
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import hashlib
 import os
@@ -251,6 +252,14 @@ def test_counts_of_one_are_singular(broker_factory: Any) -> None:
         assert said in err, (args, err)
     done = run_cli("produce", "one", "--broker", address, "--max-item-bytes", "1", stdin=b"x\nyy\n")
     one_line_error(done, "(1 item produced before it)", code=1)
+
+
+def test_version_is_the_package_version() -> None:
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[2] / "setup.cfg", encoding="utf-8")
+    done = run_cli("--version", timeout_s=30)
+    assert (done.returncode, done.stderr) == (0, b""), done.stderr
+    assert done.stdout.decode() == f"luxun {setup['metadata']['version']}\n"
 
 
 # -- delete ------------------------------------------------------------------------------------
