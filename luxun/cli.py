@@ -3,9 +3,11 @@
 ::
 
     luxun serve [--config server.properties] [--data-dir DIR] [--host H] [--port P] ...
+    luxun --version
     luxun produce TOPIC [--async]  lines from stdin, one item each
     luxun consume TOPIC (--group G | --from-index N | --from earliest|latest) [--max N] [--wait-ms MS]
                   [--commit | --no-commit]   (with --group: read from the committed position)
+                  [--raw]   (a pack's messages are printed one per line; --raw: the pack's bytes)
     luxun topics [--metrics URL]   topics, sizes, group lag (listTopics, or the metrics endpoint)
     luxun delete TOPIC --password PW
     luxun agent --broker H:P [--dgram PATH] [--stream PATH] [--tcp-port N] [--config dory.xml] [--status-port N]
@@ -187,13 +189,23 @@ def main(argv: list[str] | None = None) -> int:
         help=f"refuse a line longer than this before sending it (default {DEFAULT_MAX_ITEM_BYTES}, the default "
         "max.message.size; set it to the broker's max.message.size)",
     )
-    consume = sub.add_parser("consume", help="print a topic's items, one per line")
+    consume = sub.add_parser(
+        "consume", help="print a topic's messages, one per line (a pack's messages; an item that is no pack whole)"
+    )
     consume.add_argument("topic")
     where = consume.add_mutually_exclusive_group(required=True)
     where.add_argument("--group", help="consume as this consumer group (the broker keeps its position)")
     where.add_argument("--from-index", type=int, help="consume from this index")
     where.add_argument("--from", dest="from_", choices=["earliest", "latest"], help="consume from tail or head")
-    consume.add_argument("--max", type=int, default=0, help="stop after this many items (0: no limit)")
+    consume.add_argument(
+        "--max", type=int, default=0, help="stop after this many items (a pack is one item; 0: no limit)"
+    )
+    consume.add_argument(
+        "--raw",
+        action="store_true",
+        help="print each item as stored, a pack as its encoded bytes (a pack committed in part: a pack of its "
+        "uncommitted messages), one per line",
+    )
     consume.add_argument("--wait-ms", type=int, default=0, help="at the end, wait this long for more (0: exit)")
     consume.add_argument("--fetch-bytes", type=int, default=1 << 20, help="bytes per fetch (default 1 MiB)")
     commit_mode = consume.add_mutually_exclusive_group()
@@ -560,6 +572,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
         return _consume_committed(args)
 
     out = sys.stdout.buffer
+    printed = _Printer(out, args.raw)
     seen = 0
     conn = _connect(args, extra_timeout_ms=args.wait_ms)
     with conn:
@@ -592,24 +605,25 @@ def _cmd_consume(args: argparse.Namespace) -> int:
             if args.max:
                 items = items[: args.max - seen]
             for item in items:
-                out.write(item + b"\n")
+                printed.write(item)
             out.flush()
             seen += len(items)
             if index is not None:
                 index = response.lastConsumedIndex + 1
-    print(f"consumed {_counted(seen, 'item')} from {args.topic!r}", file=sys.stderr)
+    print(f"consumed {_counted(seen, 'item')}{printed.packs_said()} from {args.topic!r}", file=sys.stderr)
     return 0
 
 
 def _consume_committed(args: argparse.Namespace) -> int:
     """``consume --group G --commit/--no-commit``: read by index from the group's
     committed position; with --commit, commit after each printed batch, just after
-    its last item (each printed item is one message for the CLI). A pack the group
-    committed in part (``firstMessage``) is printed as a pack of its other messages."""
+    its last item (the CLI commits whole items). Of a pack the group committed in part
+    (``firstMessage``), only the other messages are printed (with --raw: as a pack)."""
     from clients.connection import consume_request
     from idl import luxun_thrift as T
 
     out = sys.stdout.buffer
+    printed = _Printer(out, args.raw)
     seen = 0
     conn = _connect(args, extra_timeout_ms=args.wait_ms)
     with conn:
@@ -633,11 +647,11 @@ def _consume_committed(args: argparse.Namespace) -> int:
             first = response.lastConsumedIndex - len(items) + 1
             if args.max:
                 items = items[: args.max - seen]
-            if index is None and response.firstMessage and items:
-                # the first item is a pack whose first messages the group committed: print the rest
-                items = [_pack_rest(items[0], response.firstMessage), *items[1:]]
-            for item in items:
-                out.write(item + b"\n")
+            # from the committed position, the first item may be a pack whose first
+            # firstMessage messages the group committed: print the rest
+            skip = (response.firstMessage or 0) if index is None else 0
+            for i, item in enumerate(items):
+                printed.write(item, skip=skip if i == 0 else 0)
             out.flush()
             seen += len(items)
             index = first + len(items)
@@ -648,19 +662,42 @@ def _consume_committed(args: argparse.Namespace) -> int:
                     raise CliError(f"commit of group {args.group!r} on {args.topic!r} on {conn.where}: {error}")
     verb = f"committed up to index {index}" if args.commit and seen else "nothing committed"
     where = f"from {args.topic!r} from the committed position of group {args.group!r}"
-    print(f"consumed {_counted(seen, 'item')} {where} ({verb})", file=sys.stderr)
+    print(f"consumed {_counted(seen, 'item')}{printed.packs_said()} {where} ({verb})", file=sys.stderr)
     return 0
 
 
-def _pack_rest(item: bytes, skip: int) -> bytes:
-    """``item`` without its first ``skip`` messages (committed), re-encoded as a pack;
-    the item whole if it is not a pack (one raw message)."""
-    from idl.pack import PackError, pack_rest
+class _Printer:
+    """Writes consumed items to ``out``, one line each: a pack's messages (``raw``: the
+    pack's bytes), an item that is no pack as it is; counts the packs and their messages."""
 
-    try:
-        return pack_rest(item, skip)
-    except PackError:
-        return item
+    def __init__(self, out: IO[bytes], raw: bool) -> None:
+        self.out = out
+        self.raw = raw
+        self.packs = 0
+        self.messages = 0
+
+    def write(self, item: bytes, skip: int = 0) -> None:
+        """Print ``item`` less its first ``skip`` messages (committed) if it is a pack."""
+        from idl.pack import PackError, decode_pack, pack_rest
+
+        try:
+            if self.raw:
+                lines = [pack_rest(item, skip)]  # item itself when skip is 0
+            else:
+                lines = decode_pack(item)[skip:]
+                self.packs += 1
+                self.messages += len(lines)
+        except PackError:  # not a pack: one raw message
+            lines = [item]
+        for line in lines:
+            self.out.write(line)
+            self.out.write(b"\n")
+
+    def packs_said(self) -> str:
+        """`` (2 packs, 20 messages)`` once a pack was read; else nothing."""
+        if not self.packs:
+            return ""
+        return f" ({_counted(self.packs, 'pack')}, {_counted(self.messages, 'message')})"
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:

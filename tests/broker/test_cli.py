@@ -262,6 +262,61 @@ def test_version_is_the_package_version() -> None:
     assert done.stdout.decode() == f"luxun {setup['metadata']['version']}\n"
 
 
+# -- consume: packs ------------------------------------------------------------------------------
+def test_consume_prints_the_messages_of_packs_and_raw_keeps_the_items(broker_factory: Any) -> None:
+    """Packs (a producer's batches; gzip too) print one message per line, an item that is no
+    pack as it is; ``--raw`` prints every item as stored; ``--max`` counts items."""
+    from idl.codec import GZIP
+    from idl.pack import encode_pack
+
+    broker = broker_factory()
+    address = f"127.0.0.1:{broker.port}"
+    items = [encode_pack([b"a1", b"a2", b"a3"]), b"plain", encode_pack([b"b1", b"b2"], GZIP)]
+    client = broker.client()
+    try:
+        for item in items:
+            assert client.produce(T.ProduceRequest(item=item, topic="packs")).result.resultCode == T.ResultCode.SUCCESS
+    finally:
+        client.close()
+    done = run_cli("consume", "packs", "--from", "earliest", "--broker", address)
+    assert (done.returncode, done.stdout) == (0, b"a1\na2\na3\nplain\nb1\nb2\n"), done.stderr
+    assert "consumed 3 items (2 packs, 5 messages) from 'packs'" in done.stderr.decode(), done.stderr
+    done = run_cli("consume", "packs", "--from", "earliest", "--raw", "--broker", address)
+    assert (done.returncode, done.stdout) == (0, b"".join(item + b"\n" for item in items)), done.stderr
+    done = run_cli("consume", "packs", "--from-index", "0", "--max", "1", "--broker", address)
+    assert (done.returncode, done.stdout) == (0, b"a1\na2\na3\n"), done.stderr
+    done = run_cli("consume", "packs", "--group", "g", "--broker", address)
+    assert (done.returncode, done.stdout) == (0, b"a1\na2\na3\nplain\nb1\nb2\n"), done.stderr
+
+
+def test_consume_commit_prints_the_uncommitted_messages_of_a_pack(broker_factory: Any) -> None:
+    """A group committed inside a pack (message 2 of pack 0): --no-commit and --commit print
+    that pack's other messages one per line (--raw: as a pack of them), then the rest."""
+    from clients.consumer import SimpleConsumer
+    from idl.pack import decode_pack, encode_pack
+
+    broker = broker_factory()
+    address = f"127.0.0.1:{broker.port}"
+    client = broker.client()
+    try:
+        for item in (encode_pack([b"a1", b"a2", b"a3"]), b"plain", encode_pack([b"b1", b"b2"])):
+            client.produce(T.ProduceRequest(item=item, topic="packs"))
+    finally:
+        client.close()
+    with SimpleConsumer(address) as simple:
+        simple.commit("packs", "g", 0, 2)
+    peek = run_cli("consume", "packs", "--group", "g", "--no-commit", "--broker", address)
+    assert (peek.returncode, peek.stdout) == (0, b"a3\nplain\nb1\nb2\n"), peek.stderr
+    raw = run_cli("consume", "packs", "--group", "g", "--no-commit", "--raw", "--max", "1", "--broker", address)
+    assert raw.returncode == 0 and decode_pack(raw.stdout[:-1]) == [b"a3"], raw.stderr
+    done = run_cli("consume", "packs", "--group", "g", "--commit", "--max", "2", "--broker", address)
+    assert (done.returncode, done.stdout) == (0, b"a3\nplain\n"), done.stderr
+    assert "committed up to index 2" in done.stderr.decode(), done.stderr
+    done = run_cli("consume", "packs", "--group", "g", "--commit", "--broker", address)
+    assert (done.returncode, done.stdout) == (0, b"b1\nb2\n"), done.stderr
+    assert "consumed 1 item (1 pack, 2 messages)" in done.stderr.decode(), done.stderr
+
+
 # -- delete ------------------------------------------------------------------------------------
 def test_delete_accepts_the_plain_form_the_broker_was_started_with(broker_factory: Any) -> None:
     broker = broker_factory()  # started with --password plain:<PASSWORD>
