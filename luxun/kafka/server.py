@@ -34,7 +34,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from ..logs import RateLimitedLog
 from ..net import READ_BUFFER, RECEIVING, TcpServer, send_parts
@@ -200,6 +200,7 @@ class KafkaServer(TcpServer):
         if response:
             with contextlib.suppress(OSError):
                 sock.sendall(response)
+                _linger(sock)
 
     def _serve_frames(
         self, sock: socket.socket, peer: Any, held: list[int], pending: list[Any], session: SaslSession | None
@@ -316,6 +317,28 @@ class KafkaServer(TcpServer):
             return len(out)
         pending.extend(out)
         return sum(len(b) for b in out)
+
+
+#: After a refusal's answer, how long the connection waits for its peer to close.
+_LINGER_S: Final = 1.0
+
+
+def _linger(sock: socket.socket) -> None:
+    """Close gently after a refusal's answer (a failed SASL login; Kafka's broker, too,
+    waits before it closes): what the peer still sends is read and dropped until it
+    closes or ``_LINGER_S`` pass (at most 64 KiB), then the caller closes. A close at
+    once (a FIN or, with its bytes unread, a reset right behind the answer) lets
+    kafka-python see a broken connection before it reads the answer, and report that
+    instead of the failed login."""
+    sock.settimeout(_LINGER_S)
+    deadline = time.monotonic() + _LINGER_S
+    left = 1 << 16
+    with contextlib.suppress(OSError):
+        while left > 0 and time.monotonic() < deadline:
+            chunk = sock.recv(min(left, 4096))
+            if not chunk:
+                return
+            left -= len(chunk)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
