@@ -488,7 +488,7 @@ def test_the_readme_python_sender_works(brokers: Any, agents: Agents) -> None:
     a = agents([address(b)])
     exec(compile(code.replace("/tmp/luxun-agent.dgram", a.dgram), "README.md", "exec"), {})
     a.wait(lambda: a.counters().get("MsgDelivered", 0) == 1, message="the README's message")
-    assert read_topic(b, "clicks") == [b'{"page": "/"}']
+    assert read_topic(b, "agent-clicks") == [b'{"page": "/"}']
     assert a.stop() == 0
 
 

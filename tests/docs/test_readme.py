@@ -24,15 +24,17 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from clients.messages import decode_pack, encode_pack
+from clients.messages import decode_pack
 from idl import luxun_thrift as T
 from tests._broker import PASSWORD, BrokerProcess
 
@@ -47,10 +49,12 @@ BROKER = "Quickstart: the broker"
 STORAGE = "Quickstart: the storage library"
 CLIENTS = "Quickstart: Python clients"
 AT_LEAST_ONCE = "At-least-once consumer groups"
+AGENT = "Local agent (Dory-compatible)"
+AGENT_READ = "Local agent: reading what it delivered"
 SPARK = "Spark"
 KAFKA = "Kafka clients"
 KAFKA_CONFLUENT = "Kafka clients: confluent-kafka"
-SECTIONS = (BROKER, STORAGE, CLIENTS, AT_LEAST_ONCE, SPARK, KAFKA, KAFKA_CONFLUENT)
+SECTIONS = (BROKER, STORAGE, CLIENTS, AT_LEAST_ONCE, AGENT, AGENT_READ, SPARK, KAFKA, KAFKA_CONFLUENT)
 #: The (section, language) blocks the tests below run; every block under SECTIONS must be one.
 COVERED = {
     (BROKER, "sh"),
@@ -58,7 +62,12 @@ COVERED = {
     (STORAGE, "python"),
     (CLIENTS, "python"),
     (AT_LEAST_ONCE, "python"),
+    (AGENT, "sh"),
+    (AGENT, "python"),
+    (AGENT_READ, "python"),
+    (SPARK, "sh"),
     (SPARK, "python"),
+    (KAFKA, "sh"),
     (KAFKA, "python"),
     (KAFKA_CONFLUENT, "python"),
 }
@@ -242,15 +251,11 @@ def test_broker_cli_quickstart(brokers: StartBroker) -> None:
         assert [row[0] for row in rows] == ["logs"], done.stdout
         assert rows[0][1] == "2" and "analytics (0)" in done.stdout.decode(), done.stdout  # 2 items, group lag 0
 
-    def deleted(done: subprocess.CompletedProcess[bytes]) -> None:
-        assert topic_size(broker, "logs") is None, "topic logs should be gone"
-
     checks: dict[tuple[str, ...], Callable[[subprocess.CompletedProcess[bytes]], None]] = {
         ("produce", "logs"): produced,
         ("consume", "logs", "--group", "analytics"): by_group,
         ("consume", "logs", "--from", "earliest", "--max", "1"): by_index,
         ("topics",): listed,
-        ("delete", "logs", "--password", "..."): deleted,
     }
     ran: list[tuple[str, ...]] = []
     for offset, line in enumerate(blk.code.splitlines(), start=1):
@@ -309,9 +314,9 @@ def test_thrift_client_quickstart(brokers: StartBroker) -> None:
     blk = block(BROKER, "python")
     code = rewrite(blk, {'"127.0.0.1", 9092': f'"127.0.0.1", {broker.port}'})
     checks = """
-check(value('c.produce(T.ProduceRequest(item=b"event", topic="logs")).index'), 0)
-check(value('c.consume(T.ConsumeRequest(topic="logs", fanoutId="g", maxFetchSize=1 << 20, maxWaitMs=5000)).itemList'),
-      [b"event"])
+check(value('c.produce(T.ProduceRequest(item=b"event", topic="thrift-raw")).index'), 0)
+check(value('c.consume(T.ConsumeRequest(topic="thrift-raw", fanoutId="g", '
+            'maxFetchSize=1 << 20, maxWaitMs=5000)).itemList'), [b"event"])
 c.close()
 """
     run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
@@ -345,10 +350,10 @@ check(value('q.size("analytics")'), 2)
 
 
 def test_clients_quickstart(brokers: StartBroker) -> None:
-    """Producer, SimpleConsumer and a StreamConsumer over two brokers."""
-    first, second = brokers(), brokers()
+    """Producer, SimpleConsumer and a StreamConsumer on the one broker of scripts/run.sh."""
+    broker = brokers()
     blk = block(CLIENTS, "python")
-    code = rewrite(blk, {"127.0.0.1:9092": address(first), "127.0.0.1:9094": address(second)})
+    code = rewrite(blk, {"127.0.0.1:9092": address(broker)})
     checks = """
 click = {"user": 7, "action": "click"}
 check(future.result(), 0)
@@ -367,60 +372,86 @@ def test_at_least_once_quickstart(brokers: StartBroker) -> None:
     checks = f"""
 from clients.consumer import SimpleConsumer
 check(done, 10)
-check(value('consumer.position("orders")'), {{{address(broker)!r}: (1, 0)}})
+check(value('consumer.position("invoices")'), {{{address(broker)!r}: (1, 0)}})
 with SimpleConsumer({address(broker)!r}) as simple:
-    check(simple.committed("orders", "billing"), (1, 0))
+    check(simple.committed("invoices", "billing"), (1, 0))
 """
     run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
 
 
 # --- Spark ----------------------------------------------------------------------------
 
-# A quiet local[2] session (as in tests/spark/conftest.py), for a block that uses
-# `spark` without creating it; the warehouse path is filled in.
-SPARK_PRELUDE = """\
-from pyspark.sql import SparkSession
 
-spark = (
-    SparkSession.builder.master("local[2]")
-    .appName("luxun-readme")
-    .config("spark.ui.enabled", "false")
-    .config("spark.ui.showConsoleProgress", "false")
-    .config("spark.sql.shuffle.partitions", "2")
-    .config("spark.default.parallelism", "2")
-    .config("spark.driver.host", "127.0.0.1")
-    .config("spark.sql.warehouse.dir", {warehouse})
-    .getOrCreate()
-)
-spark.sparkContext.setLogLevel("ERROR")
-"""
+def test_extra_install_blocks() -> None:
+    """The Kafka and Spark sections install their extra with one line that names an extra
+    setup.cfg declares (the line is not run here: it installs packages)."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO_ROOT / "setup.cfg")
+    declared = set(cfg["options.extras_require"])
+    for section, extra in ((KAFKA, "kafka"), (SPARK, "spark")):
+        blk = block(section, "sh")
+        assert blk.code.split("#")[0].split() == ["scripts/bootstrap.sh", extra], blk.code
+        assert extra in declared, f"setup.cfg has no {extra!r} extra"
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not HAVE_PYSPARK, reason="pyspark and pyarrow are not installed (scripts/bootstrap.sh spark)")
-def test_spark_quickstart(brokers: StartBroker, tmp_path: Path) -> None:
-    """The data source reads topic events from two brokers and writes a copy to the first."""
-    first, second = brokers(), brokers()
-    seeded = {first: [[b"e-0", b"e-1"], [b"e-2"]], second: [[b"e-3", b"e-4", b"e-5"]]}
-    for broker, packs in seeded.items():
-        client = broker.client()
-        for pack in packs:
-            assert client.produce(T.ProduceRequest(item=encode_pack(pack), topic="events")).index >= 0
-        client.close()
-    expected = sorted(message for packs in seeded.values() for pack in packs for message in pack)
-
+def test_spark_quickstart(brokers: StartBroker) -> None:
+    """The block makes its own session, writes 5 rows to spark-readings, reads them back
+    and copies them to spark-copy, all on the one broker."""
+    broker = brokers()
     blk = block(SPARK, "python")
-    code = rewrite(blk, {"127.0.0.1:9092": address(first), "127.0.0.1:9094": address(second)})
-    creates_session = re.search(r"^\s*spark\s*=", code, re.MULTILINE) is not None
-    prelude = "" if creates_session else SPARK_PRELUDE.format(warehouse=json.dumps(str(tmp_path / "warehouse")))
-    checks = f"""
-check(df.count(), {len(expected)})
+    code = rewrite(blk, {"127.0.0.1:9092": address(broker)})
+    checks = """
+check(df.count(), 5)
 spark.stop()
 """
     env = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    done = run_python(blk, code, checks, prelude=prelude, env=env, timeout_s=SPARK_BLOCK_TIMEOUT_S)
-    assert "events" in done.stdout, f"df.groupBy('topic').count().show() should print the topic:\n{done.stdout}"
-    assert sorted(topic_messages(first, "copy")) == expected, "the write should copy every value to topic copy"
+    done = run_python(blk, code, checks, env=env, timeout_s=SPARK_BLOCK_TIMEOUT_S)
+    assert "|spark-readings|    5|" in done.stdout, f"df.groupBy('topic').count().show() should print:\n{done.stdout}"
+    expected = [f"reading {i}".encode() for i in range(5)]
+    assert sorted(topic_messages(broker, "spark-readings")) == expected
+    assert sorted(topic_messages(broker, "spark-copy")) == expected, "the write should copy every value"
+
+
+# --- Local agent ------------------------------------------------------------------------
+
+
+def test_agent_quickstart(brokers: StartBroker, tmp_path: Path) -> None:
+    """The agent's start line (as written but for the broker, socket path and status port),
+    the Python sender, then the reading block prints what the agent delivered."""
+    broker = brokers()
+    dgram = str(tmp_path / "agent.dgram")
+    start = block(AGENT, "sh")
+    line = rewrite(start, {"127.0.0.1:9092": address(broker), "/tmp/luxun-agent.dgram": dgram}).strip()
+    assert line.startswith(LUXUN_COMMAND + " agent ") and line.endswith("&"), line
+    argv = [sys.executable, "-m", "luxun", *shlex.split(line[:-1])[1:], "--status-port", "0"]
+    log_path = tmp_path / "agent.log"
+    with log_path.open("wb") as log:
+        agent = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(dgram).exists():
+            assert agent.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, f"no socket after 30 s\n{log_path.read_text()}"
+            time.sleep(0.05)
+        send = block(AGENT, "python")
+        run_python(send, rewrite(send, {'"/tmp/luxun-agent.dgram"': json.dumps(dgram)}), "", timeout_s=BLOCK_TIMEOUT_S)
+        read = block(AGENT_READ, "python")
+        done = run_python(read, rewrite(read, {"127.0.0.1:9092": address(broker)}), "", timeout_s=BLOCK_TIMEOUT_S)
+        assert done.stdout == '[b\'{"page": "/"}\']\n', done.stdout
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+
+
+# --- Kafka clients ------------------------------------------------------------------------
 
 
 def test_kafka_python_quickstart(brokers: StartBroker) -> None:

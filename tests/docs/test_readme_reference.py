@@ -86,11 +86,11 @@ def _listening(port: int) -> bool:
 
 def test_several_brokers_block(tmp_path: Path) -> None:
     blk = block(SEVERAL, "sh")
-    ports = {p: free_port() for p in (9092, 9093, 9094, 9095)}
+    ports = {p: free_port() for p in (9192, 9193, 9194, 9195)}
     replacements = {LUXUN_COMMAND: f"{shlex.quote(sys.executable)} -m luxun"}
     for old, new in ports.items():
         replacements[f"port {old}"] = f"port {new}"  # --port, --metrics-port
-        if old in (9092, 9094):
+        if old in (9192, 9194):
             replacements[f"127.0.0.1:{old}"] = f"127.0.0.1:{new}"  # --broker
     for name in ("data-a", "data-b"):
         replacements[f"./{name}"] = str(tmp_path / name)
