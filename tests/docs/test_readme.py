@@ -54,7 +54,8 @@ AGENT_READ = "Local agent: reading what it delivered"
 SPARK = "Spark"
 KAFKA = "Kafka clients"
 KAFKA_CONFLUENT = "Kafka clients: confluent-kafka"
-SECTIONS = (BROKER, STORAGE, CLIENTS, AT_LEAST_ONCE, AGENT, AGENT_READ, SPARK, KAFKA, KAFKA_CONFLUENT)
+KAFKA_AIOKAFKA = "Kafka clients: aiokafka"
+SECTIONS = (BROKER, STORAGE, CLIENTS, AT_LEAST_ONCE, AGENT, AGENT_READ, SPARK, KAFKA, KAFKA_CONFLUENT, KAFKA_AIOKAFKA)
 #: The (section, language) blocks the tests below run; every block under SECTIONS must be one.
 COVERED = {
     (BROKER, "sh"),
@@ -70,6 +71,7 @@ COVERED = {
     (KAFKA, "sh"),
     (KAFKA, "python"),
     (KAFKA_CONFLUENT, "python"),
+    (KAFKA_AIOKAFKA, "python"),
 }
 
 BLOCK_TIMEOUT_S = 90
@@ -468,3 +470,11 @@ def test_confluent_kafka_quickstart(brokers: StartBroker) -> None:
     code = rewrite(blk, {"127.0.0.1:9094": broker.bootstrap})
     checks = "check(value('values'), [b'order 0', b'order 1', b'order 2'])\n"
     run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+
+
+def test_aiokafka_quickstart(brokers: StartBroker) -> None:
+    broker = brokers(kafka=True)
+    blk = block(KAFKA_AIOKAFKA, "python")
+    code = rewrite(blk, {"127.0.0.1:9094": broker.bootstrap})
+    done = run_python(blk, code, "", timeout_s=BLOCK_TIMEOUT_S)
+    assert done.stdout == "[b'payment 0', b'payment 1', b'payment 2']\n", done.stdout

@@ -189,6 +189,15 @@ def test_delete_password_forms_table(tmp_path: Path, setting: str) -> None:
         broker.wait(20)
 
 
+def test_cli_reference_lists_every_command() -> None:
+    """The CLI reference names exactly the subcommands `luxun --help` lists."""
+    done = subprocess.run([sys.executable, "-m", "luxun", "--help"], capture_output=True, text=True, timeout=60)
+    match = re.search(r"\{([a-z,-]+)\}", done.stdout)
+    assert match is not None, done.stdout
+    listed = [row[0].strip("`").split()[0] for row in table_rows(section_text("CLI reference"))]
+    assert sorted(listed) == sorted(match.group(1).split(",")), listed
+
+
 def test_reference_sections_have_no_unrun_blocks() -> None:
     """Only the several-brokers block is code; it is run above."""
     found = [(b.section, b.lang) for b in parse_blocks(README) if b.section in (CONFIG, SEVERAL, DELETE)]
