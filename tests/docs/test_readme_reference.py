@@ -198,6 +198,29 @@ def test_cli_reference_lists_every_command() -> None:
     assert sorted(listed) == sorted(match.group(1).split(",")), listed
 
 
+def test_kafka_apis_table_matches_the_versions_served() -> None:
+    """Every API the Kafka port announces is a row, with its versions; no other row."""
+    from luxun.kafka import groups as G
+    from luxun.kafka import handlers as H
+
+    names = {
+        "Produce": H.PRODUCE, "Fetch": H.FETCH, "ListOffsets": H.LIST_OFFSETS, "Metadata": H.METADATA,
+        "SaslHandshake": H.SASL_HANDSHAKE, "ApiVersions": H.API_VERSIONS, "CreateTopics": H.CREATE_TOPICS,
+        "DeleteTopics": H.DELETE_TOPICS, "InitProducerId": H.INIT_PRODUCER_ID,
+        "DescribeConfigs": H.DESCRIBE_CONFIGS, "SaslAuthenticate": H.SASL_AUTHENTICATE,
+        "DeleteGroups": H.DELETE_GROUPS, "DescribeCluster": H.DESCRIBE_CLUSTER,
+        "OffsetCommit": G.OFFSET_COMMIT, "OffsetFetch": G.OFFSET_FETCH, "FindCoordinator": G.FIND_COORDINATOR,
+        "JoinGroup": G.JOIN_GROUP, "Heartbeat": G.HEARTBEAT, "LeaveGroup": G.LEAVE_GROUP,
+        "SyncGroup": G.SYNC_GROUP, "DescribeGroups": G.DESCRIBE_GROUPS, "ListGroups": G.LIST_GROUPS,
+    }  # fmt: skip
+    served = {**H.VERSIONS, **G.GroupCoordinator.VERSIONS}
+    unnamed = set(served) - set(names.values())
+    assert not unnamed, f"API keys served without a name here: {unnamed}"
+    expected = {name: f"v{served[key][0]}-v{served[key][1]}" for name, key in names.items() if key in served}
+    listed = {row[0]: row[1] for row in table_rows(section_text("Kafka APIs served"))}
+    assert listed == expected
+
+
 def test_reference_sections_have_no_unrun_blocks() -> None:
     """Only the several-brokers block is code; it is run above."""
     found = [(b.section, b.lang) for b in parse_blocks(README) if b.section in (CONFIG, SEVERAL, DELETE)]
