@@ -478,3 +478,56 @@ def test_aiokafka_quickstart(brokers: StartBroker) -> None:
     code = rewrite(blk, {"127.0.0.1:9094": broker.bootstrap})
     done = run_python(blk, code, "", timeout_s=BLOCK_TIMEOUT_S)
     assert done.stdout == "[b'payment 0', b'payment 1', b'payment 2']\n", done.stdout
+
+
+# --- Every quickstart, in the README's order, on one broker ------------------------------
+
+HAVE_KAFKA_CLIENTS = all(
+    importlib.util.find_spec(name) is not None for name in ("kafka", "aiokafka", "confluent_kafka")
+)
+
+
+@pytest.mark.timeout(600)
+def test_quickstarts_in_order_on_one_broker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a newcomer does: one broker started as scripts/run.sh starts it (metrics on, the
+    Kafka port on; free ports, a fresh data dir), then every quickstart in the README's
+    order against it, each with its checks above. A section whose extra is not installed
+    is skipped, and the reason printed."""
+    broker = BrokerProcess(tmp_path / "luxun-data", tmp_path / "broker.log", metrics=True, kafka=True).start()
+
+    def same_broker(*, metrics: bool = False, kafka: bool = False) -> BrokerProcess:
+        return broker
+
+    kafka_missing = None if HAVE_KAFKA_CLIENTS else "the Kafka clients are not installed (scripts/bootstrap.sh kafka)"
+    spark_missing = None if HAVE_PYSPARK else "pyspark and pyarrow are not installed (scripts/bootstrap.sh spark)"
+    steps: dict[str, tuple[Callable[[], None], str | None]] = {
+        BROKER: (
+            lambda: (test_broker_cli_quickstart(same_broker), test_thrift_client_quickstart(same_broker))[0],
+            None,
+        ),
+        STORAGE: (lambda: test_storage_quickstart(tmp_path / "storage"), None),
+        CLIENTS: (lambda: test_clients_quickstart(same_broker), None),
+        AT_LEAST_ONCE: (lambda: test_at_least_once_quickstart(same_broker), None),
+        AGENT: (lambda: test_agent_quickstart(same_broker, tmp_path / "agent"), None),
+        AGENT_READ: (lambda: None, None),  # run with AGENT: it reads what the agent delivered
+        KAFKA: (lambda: test_kafka_python_quickstart(same_broker), kafka_missing),
+        KAFKA_CONFLUENT: (lambda: test_confluent_kafka_quickstart(same_broker), kafka_missing),
+        KAFKA_AIOKAFKA: (lambda: test_aiokafka_quickstart(same_broker), kafka_missing),
+        SPARK: (lambda: test_spark_quickstart(same_broker), spark_missing),
+    }
+    assert set(steps) == set(SECTIONS), sorted(set(SECTIONS) ^ set(steps))
+    first_line: dict[str, int] = {}
+    for blk in parse_blocks(README):
+        first_line.setdefault(blk.section, blk.line)
+    (tmp_path / "storage").mkdir()
+    (tmp_path / "agent").mkdir()
+    try:
+        for section in sorted(steps, key=lambda name: first_line[name]):
+            run, missing = steps[section]
+            if missing is not None:
+                with capsys.disabled():
+                    print(f"\n{README}: '{section}' skipped: {missing}")
+                continue
+            run()
+    finally:
+        broker.stop()
