@@ -412,7 +412,11 @@ spark.stop()
 """
     env = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     done = run_python(blk, code, checks, env=env, timeout_s=SPARK_BLOCK_TIMEOUT_S)
-    assert "|spark-readings|    5|" in done.stdout, f"df.groupBy('topic').count().show() should print:\n{done.stdout}"
+    shown = "".join(line[2:] + "\n" for line in blk.code.splitlines() if line.startswith(("# +", "# |")))
+    assert shown.count("\n") == 5, f"the README should show the table show() prints:\n{blk.code}"
+    assert shown in done.stdout, (
+        f"df.groupBy('topic').count().show() printed:\n{done.stdout}\nthe README shows:\n{shown}"
+    )
     expected = [f"reading {i}".encode() for i in range(5)]
     assert sorted(topic_messages(broker, "spark-readings")) == expected
     assert sorted(topic_messages(broker, "spark-copy")) == expected, "the write should copy every value"
