@@ -221,6 +221,18 @@ def test_kafka_apis_table_matches_the_versions_served() -> None:
     assert listed == expected
 
 
+def test_run_sh_starts_what_the_readme_says() -> None:
+    """scripts/run.sh opens the Kafka port the README's Set-up and Kafka sections use, on
+    the defaults `luxun serve` has for the rest; .ci/run runs scripts/test.sh alone."""
+    run_sh = (REPO_ROOT / "scripts" / "run.sh").read_text()
+    assert 'luxun serve --kafka-port 9094 "$@"' in run_sh, run_sh
+    setup = section_text("Set-up: the two commands")
+    assert "QueueService 127.0.0.1:9092, Kafka 127.0.0.1:9094, metrics http://127.0.0.1:9093/" in setup
+    assert "127.0.0.1:9094" in section_text("Kafka clients")
+    ci = (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci[-1] == "exec scripts/test.sh", ci
+
+
 def test_reference_sections_have_no_unrun_blocks() -> None:
     """Only the several-brokers block is code; it is run above."""
     found = [(b.section, b.lang) for b in parse_blocks(README) if b.section in (CONFIG, SEVERAL, DELETE)]
