@@ -57,14 +57,7 @@ def records(values: list[bytes | None], *, deltas: list[int] | None = None) -> b
     return bytes(out)
 
 
-def _varint(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
+_varint = R._zigzag_varint  # the broker's own encoder of Kafka's varints
 
 
 def _unvarint(buf: bytes, pos: int) -> tuple[int, int]:
