@@ -255,10 +255,11 @@ class OutputBudget:
     """Bytes of replies read from storage and not sent yet, all connections of a door
     together: at most ``limit``, but for the one batch a Kafka Fetch answer may hold past
     what it was granted (KIP-74), so clients that ask and never read hold at most that
-    together. The first half of the budget is granted as asked; past it, a reply gets at
-    most half of what is left, so however many connections hold answers their clients do
-    not read, the next one still gets something (and at least its first batch). ``used``
-    is published as the ``output_buffer_bytes`` gauge.
+    together. A reply is granted at most half of what is free (with the budget at least
+    twice fetch.max.bytes, a lone consumer gets all it asks), and at least 1 byte, which
+    lets it hold its first batch: however many connections hold answers their clients do
+    not read, the next one still progresses, and all of them hold at most ``limit`` plus
+    a batch each. ``used`` is published as the ``output_buffer_bytes`` gauge.
 
     Thread-safety: every method may be called from any thread.
     """
@@ -270,10 +271,11 @@ class OutputBudget:
         self._lock = threading.Lock()
 
     def grant(self, want: int) -> int:
-        """Take up to ``want`` bytes, as many as are free now (0 when none are)."""
+        """Take up to ``want`` bytes: half of what is free now, at least 1 (see above)."""
         with self._lock:
-            free = self.limit - self.used
-            n = max(0, min(want, free if free >= self.limit // 2 else (free + 1) // 2))
+            n = min(want, max(self.limit - self.used, 0) // 2)
+            if n < 1 and want > 0:
+                n = 1
             self.used += n
             self._metrics.output_buffer_bytes = self.used
         if n < want:

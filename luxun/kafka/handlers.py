@@ -390,8 +390,8 @@ class KafkaHandler:
     def _fetch_granted(self, wanted: list[tuple[str, Any]], max_bytes: int) -> tuple[list[Any], int]:
         """:meth:`_fetch_once` within what the output budget grants now, and the bytes it
         read (held in the budget until the answer is sent: :class:`HeldReply`). With
-        nothing granted (clients that do not read hold it all) the answer has no records:
-        the consumer fetches again."""
+        little granted (clients that do not read hold the rest) the answer holds its first
+        batch (KIP-74), so every consumer progresses."""
         budget = self.output_budget
         granted = budget.grant(max_bytes)
         try:
