@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,14 @@ class BrokerProcess:
         metrics: bool = False,
         kafka: bool = False,
         preexec_fn: Callable[[], None] | None = None,
+        command: Sequence[str] | None = None,
+        password: bool = True,
     ) -> None:
         self.data_dir = data_dir
+        #: What runs the broker, before the options (default ``python -m luxun.cli serve``;
+        #: e.g. ``scripts/run.sh``, which passes them on to ``luxun serve``).
+        self.command = list(command) if command else [sys.executable, "-m", "luxun.cli", "serve"]
+        self.password = password
         self.preexec_fn = preexec_fn  # run in the child before exec (e.g. resource limits)
         self.log_path = log_path
         self.extra = list(extra)
@@ -64,12 +70,12 @@ class BrokerProcess:
 
     def start(self, timeout_s: float = 20.0) -> BrokerProcess:
         cmd = [
-            sys.executable, "-m", "luxun.cli", "serve",
+            *self.command,
             "--data-dir", str(self.data_dir),
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--metrics-port", str(self.metrics_port),
-            "--password", f"plain:{PASSWORD}",
+            *(["--password", f"plain:{PASSWORD}"] if self.password else []),
             *(["--kafka-port", str(self.kafka_port)] if self.kafka_port else []),
             *self.extra,
         ]  # fmt: skip

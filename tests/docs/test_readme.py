@@ -79,16 +79,29 @@ SPARK_BLOCK_TIMEOUT_S = 240
 HAVE_PYSPARK = all(importlib.util.find_spec(name) is not None for name in ("pyspark", "pyarrow"))
 
 # Runs argv[1] (a README block whose fence is on line argv[3] of file argv[2]; tracebacks
-# name the README's own lines) after argv[4] (a prelude, not recorded), then argv[5] (checks).
+# name the README's own lines) after argv[4] (a prelude, not recorded), then argv[5] (checks),
+# then checks every output the block claims in a comment (see claims()); argv[6] is a JSON
+# map of the test's addresses and paths back to the README's, for comparing what is shown.
 DRIVER = """\
-import ast, sys
+import ast, contextlib, io, json, re, sys, tokenize
 
-source, readme, fence_line, prelude, checks = sys.argv[1:6]
+source, readme, fence_line, prelude, checks, shown_as = sys.argv[1:7]
+shown_as = json.loads(shown_as)
 values = {}
 
 def __record__(key, value):
     values.setdefault(key, []).append(value)
     return value
+
+def __printed__(key, call):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        call()
+    sys.stdout.write(out.getvalue())
+    values.setdefault(key, []).append(Printed(out.getvalue()))
+
+class Printed(str):
+    pass
 
 def value(key):
     if key not in values:
@@ -102,14 +115,73 @@ def check(actual, expected):
 class Record(ast.NodeTransformer):
     def visit_Expr(self, node):
         key = ast.get_source_segment(source, node.value)
-        call = ast.Call(ast.Name("__record__", ast.Load()), [ast.Constant(key), node.value], [])
-        return ast.copy_location(ast.Expr(call), node)
+        call = node.value
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print":
+            thunk = ast.Lambda(ast.arguments([], [], None, [], [], None, []), call)
+            wrapped = ast.Call(ast.Name("__printed__", ast.Load()), [ast.Constant(key), thunk], [])
+        else:
+            wrapped = ast.Call(ast.Name("__record__", ast.Load()), [ast.Constant(key), call], [])
+        return ast.copy_location(ast.Expr(wrapped), node)
 
-namespace = {"__name__": "__main__", "__record__": __record__, "value": value, "check": check}
+SHOWN = re.compile("[\\\\[({'\\"0-9-]|b['\\"]")
+
+def claim_in(comment):
+    # The outputs a comment may show, or None for a comment in words: a comment that
+    # starts like a value (a bracket, quote, digit or b'...) shows one, followed by
+    # nothing or by ': words' / '; words'; each start cut at a ':' or ';' is a candidate.
+    if not SHOWN.match(comment):
+        return None
+    return [comment[:i].strip() for i, ch in enumerate(comment) if ch in ":;"] + [comment.strip()]
+
+def claims(tree):
+    # (line, expression as written, shown text) for each expression statement whose line
+    # ends with a comment that shows an output, or is followed by a line holding only one.
+    ends = {node.end_lineno: node for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    found = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type != tokenize.COMMENT:
+            continue
+        line = tok.start[0]
+        alone = not tok.line[: tok.start[1]].strip()
+        node = ends.get(line - 1 if alone else line)
+        shown = claim_in(as_shown(tok.string[1:].strip()))  # the README's own text
+        if node is not None and shown is not None:
+            found.append((line, ast.get_source_segment(source, node.value), shown))
+    return found
+
+def as_shown(text):
+    for ours, theirs in shown_as.items():
+        text = text.replace(ours, theirs)
+    return text
+
+def same(actual, candidates):
+    text = as_shown(actual.rstrip("\\n")) if isinstance(actual, Printed) else as_shown(repr(actual))
+    for shown in candidates:
+        if text == shown:
+            return True
+        if not isinstance(actual, Printed):
+            try:
+                if ast.literal_eval(text) == ast.literal_eval(shown):
+                    return True
+            except (ValueError, SyntaxError):
+                pass
+    return False
+
+namespace = {"__name__": "__main__", "__record__": __record__, "__printed__": __printed__,
+             "value": value, "check": check}
 exec(compile(prelude, "<prelude>", "exec"), namespace)
-tree = ast.fix_missing_locations(Record().visit(ast.parse(source, readme)))
+tree = ast.parse(source, readme)
+shown = claims(tree)
+tree = ast.fix_missing_locations(Record().visit(tree))
 exec(compile(ast.increment_lineno(tree, int(fence_line)), readme, "exec"), namespace)
 exec(compile(checks, "<checks>", "exec"), namespace)
+for line, key, candidates in shown:
+    actual = value(key)
+    if not same(actual, candidates):
+        where = f"{readme}:{int(fence_line) + line}"
+        gave = as_shown(str(actual).rstrip() if isinstance(actual, Printed) else repr(actual))
+        raise AssertionError(f"{where}: {key} shows {candidates[-1]!r} in the README, and gave {gave!r}")
+print(f"__claims__ {len(shown)}", file=sys.stderr)
 """
 
 
@@ -170,11 +242,26 @@ def address(broker: BrokerProcess) -> str:
 
 
 def run_python(
-    blk: Block, code: str, checks: str, *, prelude: str = "", env: dict[str, str] | None = None, timeout_s: float
+    blk: Block,
+    checks: str,
+    *,
+    shows: int,
+    replace: dict[str, str] | None = None,
+    prelude: str = "",
+    env: dict[str, str] | None = None,
+    timeout_s: float,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a (rewritten) block, then ``checks``, in a fresh interpreter; assert exit code 0."""
+    """Run a block (rewritten by ``replace``, see :func:`rewrite`), then ``checks``, in a fresh
+    interpreter, then compare every output the block shows in a comment with what the
+    expression gave (``expr  # 0``, ``print(x)  # [b'a']``, or the comment on the line
+    below; the test's addresses read as the README's); assert exit code 0 and that the block
+    shows ``shows`` outputs (so a README edit that hides one from the check fails here)."""
+    replace = replace or {}
+    code = rewrite(blk, replace) if replace else blk.code
+    shown_as = {new.strip('"'): old.strip('"') for old, new in replace.items()}
+    argv = [DRIVER, code, str(README.resolve()), str(blk.line), prelude, checks, json.dumps(shown_as)]
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, code, str(README.resolve()), str(blk.line), prelude, checks],
+        [sys.executable, "-c", *argv],
         cwd=REPO_ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,
@@ -184,6 +271,11 @@ def run_python(
     assert done.returncode == 0, (
         f"{README}:{blk.line} (```python under '{blk.section}') failed with exit code {done.returncode}\n"
         f"--- code run ---\n{code}--- checks ---\n{checks}--- stdout ---\n{done.stdout}\n--- stderr ---\n{done.stderr}"
+    )
+    compared = re.findall(r"^__claims__ (\d+)$", done.stderr, re.M)
+    assert compared == [str(shows)], (
+        f"{README}:{blk.line} (```python under '{blk.section}'): the block shows {compared} outputs in comments, "
+        f"the test expects {shows}; update the test if the README changed"
     )
     return done
 
@@ -314,14 +406,14 @@ def test_thrift_client_quickstart(brokers: StartBroker) -> None:
     """The ```python block under the broker quickstart: a raw thriftpy2 client."""
     broker = brokers()
     blk = block(BROKER, "python")
-    code = rewrite(blk, {'"127.0.0.1", 9092': f'"127.0.0.1", {broker.port}'})
+    replace = {'"127.0.0.1", 9092': f'"127.0.0.1", {broker.port}'}
     checks = """
 check(value('c.produce(T.ProduceRequest(item=b"event", topic="thrift-raw")).index'), 0)
 check(value('c.consume(T.ConsumeRequest(topic="thrift-raw", fanoutId="g", '
             'maxFetchSize=1 << 20, maxWaitMs=5000)).itemList'), [b"event"])
 c.close()
 """
-    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+    run_python(blk, shows=2, replace=replace, checks=checks, timeout_s=BLOCK_TIMEOUT_S)
 
 
 # --- Quickstart: the storage library --------------------------------------------------
@@ -330,13 +422,10 @@ c.close()
 def test_storage_quickstart(tmp_path: Path) -> None:
     """BigArray and FanoutQueue, in directories of this test rather than /tmp's fixed names."""
     blk = block(STORAGE, "python")
-    code = rewrite(
-        blk,
-        {
-            '"/tmp/demo-array"': json.dumps(str(tmp_path / "demo-array")),
-            '"/tmp/demo-queue"': json.dumps(str(tmp_path / "demo-queue")),
-        },
-    )
+    replace = {
+        '"/tmp/demo-array"': json.dumps(str(tmp_path / "demo-array")),
+        '"/tmp/demo-queue"': json.dumps(str(tmp_path / "demo-queue")),
+    }
     checks = """
 check(first, 0)
 check(value('arr.read_range(first, max_bytes=1 << 20)'), [b"event-1", b"event-2", b"event-3", b"event-4"])
@@ -345,7 +434,7 @@ check(value('q.dequeue("analytics")'), b"a")
 check(value('q.dequeue_many("archive", max_items=10)'), [b"a", b"b", b"c"])
 check(value('q.size("analytics")'), 2)
 """
-    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+    run_python(blk, shows=5, replace=replace, checks=checks, timeout_s=BLOCK_TIMEOUT_S)
 
 
 # --- Quickstart: Python clients -------------------------------------------------------
@@ -355,7 +444,7 @@ def test_clients_quickstart(brokers: StartBroker) -> None:
     """Producer, SimpleConsumer and a StreamConsumer on the one broker of scripts/run.sh."""
     broker = brokers()
     blk = block(CLIENTS, "python")
-    code = rewrite(blk, {"127.0.0.1:9092": address(broker)})
+    replace = {"127.0.0.1:9092": address(broker)}
     checks = """
 click = {"user": 7, "action": "click"}
 check(future.result(), 0)
@@ -363,14 +452,14 @@ check(fetched.messages, [click])
 check(fetched.next_index, 1)
 check(message, click)
 """
-    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+    run_python(blk, shows=3, replace=replace, checks=checks, timeout_s=BLOCK_TIMEOUT_S)
 
 
 def test_at_least_once_quickstart(brokers: StartBroker) -> None:
     """auto_commit=False: poll, commit, position; the commit is on the broker after close."""
     broker = brokers()
     blk = block(AT_LEAST_ONCE, "python")
-    code = rewrite(blk, {"127.0.0.1:9092": address(broker)})
+    replace = {"127.0.0.1:9092": address(broker)}
     checks = f"""
 from clients.consumer import SimpleConsumer
 check(done, 10)
@@ -378,7 +467,7 @@ check(value('consumer.position("invoices")'), {{{address(broker)!r}: (1, 0)}})
 with SimpleConsumer({address(broker)!r}) as simple:
     check(simple.committed("invoices", "billing"), (1, 0))
 """
-    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+    run_python(blk, shows=1, replace=replace, checks=checks, timeout_s=BLOCK_TIMEOUT_S)
 
 
 # --- Spark ----------------------------------------------------------------------------
@@ -405,13 +494,13 @@ def test_spark_quickstart(brokers: StartBroker) -> None:
     and copies them to spark-copy, all on the one broker."""
     broker = brokers()
     blk = block(SPARK, "python")
-    code = rewrite(blk, {"127.0.0.1:9092": address(broker)})
+    replace = {"127.0.0.1:9092": address(broker)}
     checks = """
 check(df.count(), 5)
 spark.stop()
 """
     env = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    done = run_python(blk, code, checks, env=env, timeout_s=SPARK_BLOCK_TIMEOUT_S)
+    done = run_python(blk, shows=0, replace=replace, checks=checks, env=env, timeout_s=SPARK_BLOCK_TIMEOUT_S)
     shown = "".join(line[2:] + "\n" for line in blk.code.splitlines() if line.startswith(("# +", "# |")))
     assert shown.count("\n") == 5, f"the README should show the table show() prints:\n{blk.code}"
     assert shown in done.stdout, (
@@ -444,9 +533,11 @@ def test_agent_quickstart(brokers: StartBroker, tmp_path: Path) -> None:
             assert time.monotonic() < deadline, f"no socket after 30 s\n{log_path.read_text()}"
             time.sleep(0.05)
         send = block(AGENT, "python")
-        run_python(send, rewrite(send, {'"/tmp/luxun-agent.dgram"': json.dumps(dgram)}), "", timeout_s=BLOCK_TIMEOUT_S)
+        run_python(
+            send, "", shows=0, replace={'"/tmp/luxun-agent.dgram"': json.dumps(dgram)}, timeout_s=BLOCK_TIMEOUT_S
+        )
         read = block(AGENT_READ, "python")
-        done = run_python(read, rewrite(read, {"127.0.0.1:9092": address(broker)}), "", timeout_s=BLOCK_TIMEOUT_S)
+        done = run_python(read, "", shows=1, replace={"127.0.0.1:9092": address(broker)}, timeout_s=BLOCK_TIMEOUT_S)
         assert done.stdout == '[b\'{"page": "/"}\']\n', done.stdout
     finally:
         agent.send_signal(signal.SIGTERM)
@@ -463,47 +554,72 @@ def test_agent_quickstart(brokers: StartBroker, tmp_path: Path) -> None:
 def test_kafka_python_quickstart(brokers: StartBroker) -> None:
     broker = brokers(kafka=True)
     blk = block(KAFKA, "python")
-    code = rewrite(blk, {"127.0.0.1:9094": broker.bootstrap})
+    replace = {"127.0.0.1:9094": broker.bootstrap}
     checks = "check(value('records'), [(0, b'user-7', b'{\"page\": 3}', [('source', b'web')])])\n"
-    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+    run_python(blk, shows=1, replace=replace, checks=checks, timeout_s=BLOCK_TIMEOUT_S)
 
 
 def test_confluent_kafka_quickstart(brokers: StartBroker) -> None:
     broker = brokers(kafka=True)
     blk = block(KAFKA_CONFLUENT, "python")
-    code = rewrite(blk, {"127.0.0.1:9094": broker.bootstrap})
+    replace = {"127.0.0.1:9094": broker.bootstrap}
     checks = "check(value('values'), [b'order 0', b'order 1', b'order 2'])\n"
-    run_python(blk, code, checks, timeout_s=BLOCK_TIMEOUT_S)
+    run_python(blk, shows=1, replace=replace, checks=checks, timeout_s=BLOCK_TIMEOUT_S)
 
 
 def test_aiokafka_quickstart(brokers: StartBroker) -> None:
     broker = brokers(kafka=True)
     blk = block(KAFKA_AIOKAFKA, "python")
-    code = rewrite(blk, {"127.0.0.1:9094": broker.bootstrap})
-    done = run_python(blk, code, "", timeout_s=BLOCK_TIMEOUT_S)
+    replace = {"127.0.0.1:9094": broker.bootstrap}
+    done = run_python(blk, shows=1, replace=replace, checks="", timeout_s=BLOCK_TIMEOUT_S)
     assert done.stdout == "[b'payment 0', b'payment 1', b'payment 2']\n", done.stdout
 
 
 # --- Every quickstart, in the README's order, on one broker ------------------------------
 
-HAVE_KAFKA_CLIENTS = all(
-    importlib.util.find_spec(name) is not None for name in ("kafka", "aiokafka", "confluent_kafka")
-)
+RUN_SH = "scripts/run.sh"
+#: scripts/run.sh installs (`pip install -e .`, which builds the C extension) before it serves.
+RUN_SH_TIMEOUT_S = 300.0
+
+
+def install(section: str, modules: tuple[str, ...]) -> str | None:
+    """Run the section's install line as written (scripts/bootstrap.sh EXTRA, in this
+    repository's .venv, as a newcomer does); None when the modules are then importable,
+    else why the section is skipped."""
+    blk = block(section, "sh")
+    line = blk.code.split("#")[0].strip()
+    done = subprocess.run(["bash", "-c", line], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return f"`{line}` failed (exit code {done.returncode}): {done.stderr.strip().splitlines()[-1:]}"
+    found = subprocess.run(
+        [str(REPO_ROOT / ".venv/bin/python"), "-c", f"import {', '.join(modules)}"], capture_output=True, text=True
+    )
+    return None if found.returncode == 0 else f"{', '.join(modules)} not importable after `{line}`"
 
 
 @pytest.mark.timeout(600)
 def test_quickstarts_in_order_on_one_broker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """What a newcomer does: one broker started as scripts/run.sh starts it (metrics on, the
-    Kafka port on; free ports, a fresh data dir), then every quickstart in the README's
-    order against it, each with its checks above. A section whose extra is not installed
-    is skipped, and the reason printed."""
-    broker = BrokerProcess(tmp_path / "luxun-data", tmp_path / "broker.log", metrics=True, kafka=True).start()
+    """What a newcomer does: one broker started by scripts/run.sh (free ports and a fresh data
+    dir given after its own options), the install lines of the Kafka and Spark sections run
+    as written, then every quickstart in the README's order against that broker, each with
+    its checks above. A section whose extra could not be installed is skipped, and the
+    reason printed."""
+    if Path(sys.prefix).resolve() != (REPO_ROOT / ".venv").resolve():
+        pytest.skip(f"runs {RUN_SH}, which installs into {REPO_ROOT / '.venv'}: run it from that venv")
+    broker = BrokerProcess(
+        tmp_path / "luxun-data",
+        tmp_path / "broker.log",
+        metrics=True,
+        kafka=True,
+        command=[str(REPO_ROOT / RUN_SH)],  # passes our ports and data dir on to `luxun serve`
+        password=False,
+    ).start(timeout_s=RUN_SH_TIMEOUT_S)
 
     def same_broker(*, metrics: bool = False, kafka: bool = False) -> BrokerProcess:
         return broker
 
-    kafka_missing = None if HAVE_KAFKA_CLIENTS else "the Kafka clients are not installed (scripts/bootstrap.sh kafka)"
-    spark_missing = None if HAVE_PYSPARK else "pyspark and pyarrow are not installed (scripts/bootstrap.sh spark)"
+    kafka_missing = install(KAFKA, ("kafka", "aiokafka", "confluent_kafka"))
+    spark_missing = install(SPARK, ("pyspark", "pyarrow"))
     steps: dict[str, tuple[Callable[[], None], str | None]] = {
         BROKER: (
             lambda: (test_broker_cli_quickstart(same_broker), test_thrift_client_quickstart(same_broker))[0],
