@@ -17,14 +17,15 @@ with a temporary data directory that is removed afterwards, and stops it with SI
 Java broker too, in the same run: per item size, the brokers take turns in ABBA order
 (ours, Java, Java, ours; ``--rounds`` repeats it), each started fresh on a new data dir
 and warmed up, with the same client code and the same workloads. Each side's figure for a
-cell is the best of its passes; the table shows ours, Java's and the ratio (ours / Java),
-the JSON every run of both. ``--floor`` adds the floor of a call: the same client, in the
-one-item-per-call workloads (produce, group_single, index_single) and in async_produce,
-against servers with an empty handler that answer canned replies (a raw socket thread per
-connection, the same work in one thread waiting in epoll for all connections, and
-thriftpy2's threaded server) and only count oneway calls, in the same turns. With
-``--java`` too, each floor's own ratio to Java is shown: a cell whose floor is under issue
-10's target is one that a server doing nothing, the same way, does not reach.
+cell is the median of its passes, with their spread and the broker's CPU per call; the
+table shows ours, Java's and the ratios (ours / Java), the JSON every run of both.
+``--floor`` adds the floor of a call: the same client, in the one-item-per-call workloads
+(produce, group_single, index_single) and in async_produce, against servers with an empty
+handler that answer canned replies (a raw socket thread per connection, the same work in
+one thread waiting in epoll for all connections, and thriftpy2's threaded server) and only
+count oneway calls, in the same turns. With ``--java`` too, each floor's own ratio to Java
+is shown: a cell whose floor is under the
+target is one that a server doing nothing, the same way, does not reach.
 
 Workloads, per item size (``--sizes``) and per number of client processes
 (``--clients``; every client is its own process with its own connection):
@@ -69,6 +70,7 @@ import secrets
 import select
 import shlex
 import socket
+import statistics
 import struct
 import sys
 import threading
@@ -179,8 +181,12 @@ SIDE_TEXT = {
     "floor-thriftpy2": "floor: thriftpy2 TThreadedServer (Cython binary protocol, framed, TCP_NODELAY) whose "
     "handler returns a constant response per method; asyncProduce only counts per topic, getSize answers that count",
 }
-#: Issue 10's targets, ours / Java per cell: 1 connection >= 1.2x, 4 clients >= 1.5x.
-RATIO_TARGETS = {1: 1.2, 4: 1.5}
+#: Issue 33's rate target, ours / Java per cell (medians): every 1-connection cell >= 1.0x.
+RATIO_TARGETS = {1: 1.0}
+#: Issue 33's CPU target: the broker's CPU per call <= Java's, for these workloads at these
+#: sizes (a small call), at 1 and 4 clients.
+CPU_TARGET_WORKLOADS = ("produce", "group_single", "index_single")
+CPU_TARGET_MAX_SIZE = 10_000
 
 #: The earlier absolute targets: (label, workload, size, metric, goal). Judged on 1 client.
 TARGETS: list[tuple[str, str, int, str, float]] = [
@@ -492,6 +498,13 @@ class Result:
     def mb_per_s(self) -> float:
         return self.items_per_s * self.item_size / MB
 
+    @property
+    def cpu_us_per_call(self) -> float | None:
+        """The broker's CPU (user + system, every thread, busy polling included) per call, in us."""
+        if self.broker_cpu is None or not self.calls:
+            return None
+        return self.broker_cpu * self.seconds / self.calls * 1e6
+
     def to_json(self) -> dict[str, Any]:
         return {
             **asdict(self),
@@ -499,6 +512,7 @@ class Result:
             "items_per_s": self.items_per_s,
             "mb_per_s": self.mb_per_s,
             "spread": self.spread,
+            "cpu_us_per_call": self.cpu_us_per_call,
         }
 
 
@@ -1189,28 +1203,63 @@ def best_runs(runs: dict[str, dict[Cell, list[Result]]], side: str) -> dict[Cell
     return {cell: max(rs, key=lambda r: r.items_per_s) for cell, rs in runs.get(side, {}).items()}
 
 
+def side_figures(passes: list[Result]) -> dict[str, Any]:
+    """One side's figures for a cell over its passes: the median items/s, its spread
+    ((max - min) / median), the best, and the median broker CPU per call."""
+    rates = [r.items_per_s for r in passes]
+    median = statistics.median(rates)
+    cpu = [r.cpu_us_per_call for r in passes if r.cpu_us_per_call is not None]
+    return {
+        "items_per_s": median,
+        "spread": (max(rates) - min(rates)) / median if median > 0 else 0.0,
+        "best_items_per_s": max(rates),
+        "cpu_us_per_call": statistics.median(cpu) if cpu else None,
+    }
+
+
 def compare(runs: dict[str, dict[Cell, list[Result]]], other: str) -> list[dict[str, Any]]:
-    """Per cell that both ours and ``other`` ran: both best rates, the ratio ours / other,
-    and the ratio of each pair of passes (the first pass of each side, then the second...)."""
+    """Per cell that both ours and ``other`` ran: each side's median over its passes (so one
+    lucky pass cannot decide a cell) with its spread and median CPU per call, the ratio
+    ours / other of the medians, and the ratio of each pair of passes (the first pass of
+    each side, then the second...)."""
     ours, theirs = runs.get("ours", {}), runs.get(other, {})
     out = []
     for cell in sorted(set(ours) & set(theirs), key=cell_order):
-        a = max(r.items_per_s for r in ours[cell])
-        b = max(r.items_per_s for r in theirs[cell])
+        a, b = side_figures(ours[cell]), side_figures(theirs[cell])
         pairs = [x.items_per_s / y.items_per_s for x, y in zip(ours[cell], theirs[cell], strict=False) if y.items]
         goal = RATIO_TARGETS.get(cell[2]) if other == "java" else None
-        ratio = a / b if b > 0 else None
+        ratio = a["items_per_s"] / b["items_per_s"] if b["items_per_s"] > 0 else None
+        cpu_ratio = (
+            a["cpu_us_per_call"] / b["cpu_us_per_call"]
+            if a["cpu_us_per_call"] is not None and b["cpu_us_per_call"]
+            else None
+        )
         out.append(
             {
                 "workload": cell[0],
                 "item_size": cell[1],
                 "clients": cell[2],
-                "ours_items_per_s": a,
-                f"{other}_items_per_s": b,
+                "ours_items_per_s": a["items_per_s"],
+                f"{other}_items_per_s": b["items_per_s"],
+                "ours_spread": a["spread"],
+                f"{other}_spread": b["spread"],
+                "ours_best_items_per_s": a["best_items_per_s"],
+                f"{other}_best_items_per_s": b["best_items_per_s"],
+                "ours_cpu_us_per_call": a["cpu_us_per_call"],
+                f"{other}_cpu_us_per_call": b["cpu_us_per_call"],
+                "cpu_ratio": cpu_ratio,
                 "ratio": ratio,
                 "pair_ratios": pairs,
                 "goal": goal,
                 "reached": None if goal is None or ratio is None else ratio >= goal,
+                "cpu_reached": (
+                    cpu_ratio <= 1.0
+                    if other == "java"
+                    and cpu_ratio is not None
+                    and cell[0] in CPU_TARGET_WORKLOADS
+                    and cell[1] <= CPU_TARGET_MAX_SIZE
+                    else None
+                ),
                 "ours_runs": [r.to_json() for r in ours[cell]],
                 f"{other}_runs": [r.to_json() for r in theirs[cell]],
             }
@@ -1223,26 +1272,37 @@ def cell_order(cell: Cell) -> tuple[int, int, int]:
 
 
 def render_comparison(rows: list[dict[str, Any]], other: str, title: str) -> list[str]:
-    """The table of ``compare``'s rows: ours, the other side's, the ratio and each pass pair's;
-    for a floor measured with Java, the floor's own ratio to Java against issue 10's target."""
+    """The table of ``compare``'s rows: each side's median items/s with its spread and its
+    broker CPU per call, the ratios ours / other of both, and each pass pair's ratio; for a
+    floor measured with Java, the floor's own ratio to Java against the target."""
     floor_vs_java = any("floor_over_java" in c for c in rows)
+    pairs = [" ".join(f"{x:.2f}" for x in c["pair_ratios"]) for c in rows]
+    width = max([16, *map(len, pairs)]) + 2
     head = (
-        f"{'workload':<14}{'size B':>7}{'cli':>4}{'ours items/s':>14}{other + ' items/s':>24}{'ratio':>7}"
-        f"  {'pass pairs':<17}" + ("floor / Java (target)" if floor_vs_java else "target")
+        f"{'workload':<14}{'size B':>7}{'cli':>4}{'ours items/s':>14}{'+-':>5}{other + ' items/s':>24}{'+-':>5}"
+        f"{'ratio':>7}{'ours us/call':>14}{other[:10] + ' us/call':>19}{'cpu ratio':>10}"
+        f"  {'pass pairs':<{width}}" + ("floor / Java (target)" if floor_vs_java else "target")
     )
     lines = ["", title, head, "-" * len(head)]
-    for c in rows:
+
+    def num(value: float | None, fmt: str, width: int) -> str:
+        return f"{value:>{width}{fmt}}" if value is not None else f"{'-':>{width}}"
+
+    for c, pair_text in zip(rows, pairs, strict=True):
         mark = "" if c["goal"] is None else f">={c['goal']}x " + ("ok" if c["reached"] else "MISS")
+        if c.get("cpu_reached") is not None:
+            mark += ("; " if mark else "") + "CPU <= Java " + ("ok" if c["cpu_reached"] else "MISS")
         if c.get("floor_over_java") is not None:
             goal = RATIO_TARGETS.get(c["clients"])
             mark = f"{c['floor_over_java']:.2f}"
-            if goal is not None:  # issue 10 names targets for 1 and 4 clients only
+            if goal is not None:  # the targets name 1 and 4 clients only
                 mark += f" (>={goal}x: " + ("floor above" if c["floor_over_java"] >= goal else "FLOOR UNDER") + ")"
-        ratio = f"{c['ratio']:.2f}" if c["ratio"] is not None else "-"
         lines.append(
             f"{c['workload']:<14}{c['item_size']:>7}{c['clients']:>4}{fmt_rate(c['ours_items_per_s']):>14}"
-            f"{fmt_rate(c[other + '_items_per_s']):>24}{ratio:>7}  "
-            f"{' '.join(f'{x:.2f}' for x in c['pair_ratios']):<17}{mark}"
+            f"{c['ours_spread']:>5.0%}{fmt_rate(c[other + '_items_per_s']):>24}{c[other + '_spread']:>5.0%}"
+            f"{num(c['ratio'], '.2f', 7)}{num(c['ours_cpu_us_per_call'], '.1f', 14)}"
+            f"{num(c[other + '_cpu_us_per_call'], '.1f', 19)}{num(c['cpu_ratio'], '.2f', 10)}  "
+            f"{pair_text:<{width}}{mark}"
         )
     return lines
 
@@ -1299,7 +1359,7 @@ def render(
         + f"; data dir {machine['data_dir']} ({machine['data_dir_filesystem']}); placement: {config['placement']}",
         f"brokers in turn, per item size: {' '.join(passes)}"
         + (
-            " (each started fresh, new data dir, warmed up); each side's figure is the best of its passes"
+            " (each started fresh, new data dir, warmed up); each side's figure is the median of its passes"
             if len(passes) > 1
             else ""
         ),
@@ -1338,11 +1398,17 @@ def render(
         lines += render_comparison(
             comparisons["java"],
             "java",
-            "ours against Java Luxun, same run (items/s; ratio = ours / Java, best pass of each; pass pairs: "
-            "the ratio of each ABBA pair; target: issue 10)",
+            "ours against Java Luxun, same run (items/s: the median of each side's passes, +- their spread; "
+            "us/call: the broker's CPU per call, median; ratio and cpu ratio = ours / Java; pass pairs: "
+            "the ratio of each ABBA pair)",
         )
         judged = [c for c in comparisons["java"] if c["reached"] is not None]
-        lines.append(f"cells at their target: {sum(c['reached'] for c in judged)} of {len(judged)}")
+        lines.append(f"1-client cells at >= 1.0x Java: {sum(c['reached'] for c in judged)} of {len(judged)}")
+        cpu = [c for c in comparisons["java"] if c.get("cpu_reached") is not None]
+        lines.append(
+            f"small-call cells (produce, one item per call, <= 10 KB) with CPU per call <= Java's: "
+            f"{sum(c['cpu_reached'] for c in cpu)} of {len(cpu)}"
+        )
         lines += render_send_sockets(comparisons["java"], "java")
     else:
         lines += ["", "Java Luxun: no ratio was measured in this run (give --java PATH to the Java Luxun build)."]
@@ -1352,8 +1418,8 @@ def render(
             lines += render_comparison(
                 comparisons[side],
                 side,
-                f"ours against the {side} ({measured}; canned replies, oneway calls counted; "
-                "ratio = ours / floor: the share of the floor we reach)",
+                f"ours against the {side} ({measured}; canned replies, oneway calls counted; medians of the "
+                "passes; ratio = ours / floor: the share of the floor we reach; us/call: each server's CPU per call)",
             )
     lines += [
         "",
@@ -1552,12 +1618,14 @@ def main(argv: list[str] | None = None) -> int:
     results = list(best_runs(runs, "ours").values())
     goals = targets(results)
     comparisons = {side: compare(runs, side) for side in sides[1:]}
-    java_best = best_runs(runs, "java")
+    java_median = {
+        (c["workload"], c["item_size"], c["clients"]): c["java_items_per_s"] for c in comparisons.get("java", [])
+    }
     for side in FLOOR_SIDES:
         for row in comparisons.get(side, []):
-            java = java_best.get((row["workload"], row["item_size"], row["clients"]))
-            if java is not None and java.items_per_s > 0:
-                row["floor_over_java"] = row[f"{side}_items_per_s"] / java.items_per_s
+            java = java_median.get((row["workload"], row["item_size"], row["clients"]))
+            if java:
+                row["floor_over_java"] = row[f"{side}_items_per_s"] / java
     print(render(machine, config, brokers, results, goals, comparisons))
     report = {
         "benchmark": "bench_broker",
@@ -1571,7 +1639,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": [r.to_json() for r in results],
         "java_luxun": {
             "measured_in_this_run": bool(args.java_peer),
-            "ratio": "ours items/s / Java items/s, best pass of each side",
+            "ratio": "ours items/s / Java items/s, the median of each side's passes",
             "goals": {f"{c} client(s)": g for c, g in RATIO_TARGETS.items()},
             "cells": comparisons.get("java", []),
         },
