@@ -205,11 +205,17 @@ _SERVING = re.compile(r"serving \d+ topics from .* on (\S+):(\d+) \(")
 
 
 @contextlib.contextmanager
-def own_broker(data_parent: Path | None, name: str, broker_cpus: list[int] | None = None) -> Iterator[BrokerInfo]:
+def own_broker(
+    data_parent: Path | None,
+    name: str,
+    broker_cpus: list[int] | None = None,
+    properties: dict[str, str] | None = None,
+) -> Iterator[BrokerInfo]:
     """Start ``python -m luxun.cli serve`` on 127.0.0.1 (a free port) with a temporary data
     dir and a random deleteTopic password, pinned to ``broker_cpus`` if given; wait for its
     "serving" log line; at the end SIGTERM it and remove the data dir. ``name`` (the
-    benchmark's) prefixes the data dir and the progress lines on stderr."""
+    benchmark's) prefixes the data dir and the progress lines on stderr; ``properties``
+    are written to a ``server.properties`` it is started with (e.g. ``busy.poll.us``)."""
     root = _fresh_root(data_parent, name)
     data_dir = root / "data"
     password = secrets.token_hex(8)
@@ -218,6 +224,10 @@ def own_broker(data_parent: Path | None, name: str, broker_cpus: list[int] | Non
         "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
         "--password", f"plain:{password}", "--log-level", "INFO",
     ]  # fmt: skip
+    if properties:
+        config = root / "server.properties"
+        config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()), encoding="utf-8")
+        command += ["--config", str(config)]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
     def ready(text: str) -> tuple[str, int] | None:

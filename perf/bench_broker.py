@@ -170,8 +170,11 @@ FLOOR_SIDES = ("floor-raw", "floor-epoll", "floor-thriftpy2")
 #: The workloads run against the floors: one item per sync call (floor_responses: their replies),
 #: and oneway asyncProduce (the floor counts the calls it read per topic; getSize answers that count).
 FLOOR_WORKLOADS = ("produce", "async_produce", "group_single", "index_single")
+#: Our broker with busy polling off (--no-poll-side): what busy polling buys, and costs in CPU.
+NO_POLL_SIDE = "ours-nopoll"
 SIDE_TEXT = {
     "ours": "luxun (python -m luxun.cli serve)",
+    NO_POLL_SIDE: "luxun with busy.poll.us=0: no busy polling after a reply",
     "java": "Java Luxun 0.6.2 (com.leansoft.luxun.Luxun, thrift TNonblockingServer)",
     "floor-raw": "floor: a Python socket thread per connection that answers each call frame with the canned "
     "reply of its method, the call's seqid copied in (reads type, name and seqid; no other decoding, no handler); "
@@ -803,7 +806,8 @@ def side_broker(side: str, args: argparse.Namespace, broker_cpus: list[int] | No
         return floor_server(side, broker_cpus, size, prefill_count(args, size))
     if args.broker:
         return external_broker(args.broker, args.password)
-    return own_broker(args.data_dir, "bench_broker", broker_cpus)
+    properties = {"busy.poll.us": "0"} if side == NO_POLL_SIDE else None
+    return own_broker(args.data_dir, "bench_broker", broker_cpus, properties)
 
 
 def warm_broker(ctx: Context, item: bytes) -> None:
@@ -1412,6 +1416,13 @@ def render(
         lines += render_send_sockets(comparisons["java"], "java")
     else:
         lines += ["", "Java Luxun: no ratio was measured in this run (give --java PATH to the Java Luxun build)."]
+    if NO_POLL_SIDE in comparisons:
+        lines += render_comparison(
+            comparisons[NO_POLL_SIDE],
+            NO_POLL_SIDE,
+            f"ours (busy.poll.us 200, the default) against {NO_POLL_SIDE} (busy.poll.us=0), same turns: what busy "
+            "polling gains in rate (ratio) and costs in broker CPU per call (cpu ratio)",
+        )
     for side in FLOOR_SIDES:
         if side in comparisons:
             measured = ", ".join(dict.fromkeys(c["workload"] for c in comparisons[side])) or "nothing"
@@ -1459,6 +1470,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "that answer canned replies and count oneway calls (raw socket threads, one epoll thread,\n"
         "thriftpy2);\n"
         "with --java, each floor's ratio to Java is shown",
+    )
+    p.add_argument(
+        "--no-poll-side",
+        action="store_true",
+        help=f"also run our broker with busy.poll.us=0 ({NO_POLL_SIDE}) in the same turns: busy polling's gain and CPU",
     )
     p.add_argument("--rounds", type=int, help="ABBA turns per item size with --java/--floor (default 1)")
     p.add_argument(
@@ -1535,6 +1551,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.java_peer = JavaPeer.at(args.java)
         except FileNotFoundError as e:
             p.error(str(e))
+    if args.no_poll_side and args.broker:
+        p.error("--no-poll-side starts its own brokers (not with --broker)")
     if args.floor and args.broker:
         p.error("--floor starts its own servers (not with --broker)")
     if args.placement != "free":
@@ -1563,7 +1581,12 @@ def main(argv: list[str] | None = None) -> int:
         extra["java"] = java_version()
     machine = machine_info(args.data_dir, **extra)
     broker_cpus, client_cpus = placement_cpus(args.placement)
-    sides = ["ours"] + (["java"] if args.java_peer else []) + (list(FLOOR_SIDES) if args.floor else [])
+    sides = (
+        ["ours"]
+        + (["java"] if args.java_peer else [])
+        + ([NO_POLL_SIDE] if args.no_poll_side else [])
+        + (list(FLOOR_SIDES) if args.floor else [])
+    )
     passes = (sides + sides[::-1]) * args.rounds if len(sides) > 1 else sides
     # One broker for all sizes when ours runs alone (as before); else fresh brokers per size, in turns.
     blocks = (
@@ -1669,7 +1692,7 @@ def run_block(ctx: Context, sizes: list[int], workloads: list[str]) -> list[Resu
     results = []
     for size in sizes:
         item = os.urandom(size)
-        if ctx.side in ("ours", "java"):
+        if ctx.side in ("ours", NO_POLL_SIDE, "java"):
             warm_broker(ctx, item)
         for workload in (w for w in workloads if w in WRITE_WORKLOADS):
             for clients in args.clients:
