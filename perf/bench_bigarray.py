@@ -17,6 +17,11 @@ get             ``BigArray.get(i)`` for consecutive indexes
 dequeue         ``FanoutQueue.dequeue(group)`` one item per call
 read_range      ``BigArray.read_range(i, max_bytes=1 MiB)``
 dequeue_many    ``FanoutQueue.dequeue_many(group, max_bytes=1 MiB)``
+read_blob       ``BigArray.read_range_blob(i, max_bytes=1 MiB)``: the same items as one
+                ``bytes`` and their lengths (no object per item)
+read_view       ``BigArray.read_range_view(i, max_bytes=1 MiB)``: a view of the page's
+                mapping and the lengths (no copy when the items lie back to back), then
+                ``release()``; what the broker's consume replies are made from
 ==============  =====================================================================
 
 The reads read what ``append_many`` wrote a moment before, so they come from the page
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -102,9 +108,20 @@ JAVA_WORKLOAD = {
     "dequeue": "dequeue",
     "read_range": "dequeue",
     "dequeue_many": "dequeue",
+    "read_blob": "dequeue",
+    "read_view": "dequeue",
 }
 #: Issue 10: bigarray / Java FanOutQueueImpl >= 0.5 per item, >= 3 for the batch calls.
-JAVA_GOALS = {"append": 0.5, "get": 0.5, "dequeue": 0.5, "append_many": 3.0, "read_range": 3.0, "dequeue_many": 3.0}
+JAVA_GOALS = {
+    "append": 0.5,
+    "get": 0.5,
+    "dequeue": 0.5,
+    "append_many": 3.0,
+    "read_range": 3.0,
+    "dequeue_many": 3.0,
+    "read_blob": 3.0,
+    "read_view": 3.0,
+}
 JAVA_LIBRARIES = {"FanOutQueue": "java-fanout", "BigQueue": "java-bigqueue"}
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_bigarray.json"
 ALL_PEERS = ("persist-queue", "queuelib", "diskcache")
@@ -122,7 +139,7 @@ BUDGETS: dict[str, tuple[float, float]] = {
     "peer_seconds": (2.0, 0.3),
 }
 
-WORKLOADS = ("append", "append_many", "get", "dequeue", "read_range", "dequeue_many")
+WORKLOADS = ("append", "append_many", "get", "dequeue", "read_range", "dequeue_many", "read_blob", "read_view")
 #: bigarray workload -> the peer workload it is compared with.
 PEER_WORKLOAD = {
     "append": "put",
@@ -131,6 +148,8 @@ PEER_WORKLOAD = {
     "dequeue": "get",
     "read_range": "get_batch",
     "dequeue_many": "get_batch",
+    "read_blob": "get_batch",
+    "read_view": "get_batch",
 }
 PEER_METHODS = {
     "persist-queue": {
@@ -339,6 +358,35 @@ def bench_bigarray(size: int, root: Path, args: argparse.Namespace) -> list[Resu
         timed("read_range", read_range_step, count)
         timed("dequeue", dequeue_step, chunk)
         timed("dequeue_many", dequeue_many_step, count)
+        read_blob, read_view = arr.read_range_blob, arr.read_range_view
+
+        def read_blob_step(k: int) -> int:
+            nonlocal pos
+            if pos >= head:
+                return 0
+            lengths, _ = read_blob(pos, max_items=k, max_bytes=READ_MAX_BYTES)
+            pos += len(lengths)
+            return len(lengths)
+
+        def read_view_step(k: int) -> int:
+            nonlocal pos
+            if pos >= head:
+                return 0
+            lengths, _, release = read_view(pos, max_items=k, max_bytes=READ_MAX_BYTES)
+            release()
+            pos += len(lengths)
+            return len(lengths)
+
+        pos = 0
+        timed("read_blob", read_blob_step, count)
+        pos = 0
+        timed("read_view", read_view_step, count)
+        lengths, blob = arr.read_range_blob(0, max_items=100)
+        offsets = [0, *itertools.accumulate(int(n) for n in lengths)]
+        check(
+            all(blob[offsets[i] : offsets[i + 1]] in known for i in range(len(lengths))),
+            "read_range_blob: an item that was not appended",
+        )
         for group in ("one", "many"):
             index = q.group_index(group)
             check(index > 0 and q.get(index - 1) in known, f"{group}: last item read is not one that was appended")
