@@ -25,6 +25,7 @@ from types import FrameType
 from idl import QueueService
 
 from .config import BrokerConfig, check_password
+from .kafka.acls import ACL_FILE, Authorizer
 from .kafka.groups import GroupCoordinator
 from .kafka.handlers import KafkaHandler
 from .kafka.log import KafkaLog, remove_interrupted_creations
@@ -168,6 +169,13 @@ class Broker:
         self.sasl: Authenticator | None = None
         if config.kafka_port and config.kafka_sasl_mechanisms:
             self.sasl = Authenticator(config.kafka_sasl_mechanisms, UserStore(config.kafka_sasl_users_file))
+        #: The Kafka port's ACLs: with SASL on only (off, nothing is checked, as Kafka without an authorizer).
+        self.kafka_acls: Authorizer | None = None
+        if self.sasl is not None:
+            self.kafka_acls = Authorizer(
+                os.path.join(config.data_dir, ACL_FILE),
+                allow_everyone_if_no_acl_found=config.kafka_allow_everyone_if_no_acl_found,
+            )
         self.metrics = Metrics()
         _, fd_limit = raise_fd_limit()
         if config.max_open_topics:
@@ -286,6 +294,7 @@ class Broker:
                 max(config.kafka_fetch_buffer_bytes, 2 * config.kafka_fetch_max_bytes), self.metrics
             ),
             sasl=self.sasl,
+            acls=self.kafka_acls,
         )
         server = KafkaServer(
             self.kafka_handler,

@@ -13,6 +13,9 @@
     luxun agent --broker H:P [--dgram PATH] [--stream PATH] [--tcp-port N] [--config dory.xml] [--status-port N]
     luxun kafka-user add NAME [--admin] (--users-file F | --config server.properties)   password from stdin/prompt
     luxun kafka-user remove NAME (--users-file F | --config ...);  luxun kafka-user list (--users-file F | ...)
+    luxun kafka-acl add|remove --principal User:NAME --operation OP [--operation OP...]
+                    (--topic T | --group G | --cluster | --transactional-id ID) [--prefixed] [--deny] [--host H]
+                    (--data-dir D | --config server.properties);  luxun kafka-acl list (--data-dir D | --config ...)
 
 Client commands talk to a broker through :class:`clients.connection.BrokerConnection`
 (``--broker host:port``, default 127.0.0.1:9092; ``host`` alone means port 9092) with a
@@ -28,6 +31,7 @@ import argparse
 import difflib
 import json
 import logging
+import os
 import sys
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -268,6 +272,25 @@ def main(argv: list[str] | None = None) -> int:
         "--iterations", type=int, default=4096, help="add: PBKDF2 iterations of each credential (default 4096)"
     )
 
+    kafka_acl = sub.add_parser("kafka-acl", help="add, remove or list the Kafka port's ACLs (docs/kafka-acls.md)")
+    kafka_acl.add_argument("action", choices=["add", "remove", "list"])
+    where_acls = kafka_acl.add_mutually_exclusive_group(required=True)
+    where_acls.add_argument("--data-dir", help="the broker's data directory (log.dir), which holds the ACL file")
+    where_acls.add_argument("--config", help="a server.properties whose log.dir to use")
+    kafka_acl.add_argument("--principal", help="add, remove: User:NAME, or User:* for every user")
+    kafka_acl.add_argument(
+        "--operation", action="append", default=[], help="add, remove: READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, "
+        "DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, CLUSTER_ACTION or ALL (repeatable)",
+    )  # fmt: skip
+    resource = kafka_acl.add_mutually_exclusive_group()
+    resource.add_argument("--topic", help="the topic (* for every topic)")
+    resource.add_argument("--group", help="the consumer group (* for every group)")
+    resource.add_argument("--transactional-id", help="the transactional id (* for every one)")
+    resource.add_argument("--cluster", action="store_true", help="the cluster (kafka-cluster)")
+    kafka_acl.add_argument("--prefixed", action="store_true", help="the name is a prefix (KIP-290), not a literal")
+    kafka_acl.add_argument("--deny", action="store_true", help="a DENY binding (default: ALLOW)")
+    kafka_acl.add_argument("--host", default="*", help="the client address it applies to (default *: any)")
+
     agent = sub.add_parser("agent", help="a local Dory-compatible agent that forwards to brokers")
     from clients.agent import add_arguments as _agent_arguments
 
@@ -404,6 +427,87 @@ def _cmd_kafka_user(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _cmd_kafka_acl(args: argparse.Namespace) -> int:
+    from .config import BrokerConfig, ConfigError
+    from .kafka import acls as A
+
+    if args.data_dir:
+        data_dir = args.data_dir
+    else:
+        try:
+            data_dir = BrokerConfig.from_file(args.config).data_dir
+        except ConfigError as exc:
+            raise CliError(str(exc), 2) from exc
+    path = os.path.join(data_dir, A.ACL_FILE)
+    try:
+        if args.action == "list":
+            for acl in A.read_acl_file(path)[0]:
+                print(_acl_line(acl))
+            return 0
+        wanted = _acls_of(args)
+        if args.action == "add":
+            A.edit_acl_file(path, lambda acls: acls + wanted)
+        else:
+            missing: list[A.Acl] = []
+
+            def drop(acls: list[A.Acl]) -> list[A.Acl]:
+                missing.extend(a for a in wanted if a not in acls)
+                return [a for a in acls if a not in wanted]
+
+            A.edit_acl_file(path, drop)
+            if missing:
+                raise CliError("no such ACL: " + "; ".join(_acl_line(a) for a in missing))
+    except OSError as exc:
+        raise CliError(_os_error(exc)) from exc
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    verb = "added" if args.action == "add" else "removed"
+    for acl in wanted:
+        print(f"{verb}: {_acl_line(acl)}", file=sys.stderr)
+    print(f"in {path}; a running broker reads it again within a second", file=sys.stderr)
+    return 0
+
+
+def _acl_line(acl: Any) -> str:
+    return (
+        f"{acl.permission.name} {acl.principal} host={acl.host} {acl.operation.name} "
+        f"{acl.resource_type.name} {acl.pattern.name} {acl.name}"
+    )
+
+
+def _acls_of(args: argparse.Namespace) -> list[Any]:
+    """The bindings ``kafka-acl add/remove`` names (usage errors: exit 2)."""
+    from .kafka import acls as A
+
+    if not args.principal or not args.operation:
+        raise CliError(f"kafka-acl {args.action} needs --principal and --operation", 2)
+    if args.topic is not None:
+        rtype, name = A.ResourceType.TOPIC, args.topic
+    elif args.group is not None:
+        rtype, name = A.ResourceType.GROUP, args.group
+    elif args.transactional_id is not None:
+        rtype, name = A.ResourceType.TRANSACTIONAL_ID, args.transactional_id
+    elif args.cluster:
+        rtype, name = A.ResourceType.CLUSTER, A.CLUSTER_NAME
+    else:
+        raise CliError(f"kafka-acl {args.action} needs --topic, --group, --transactional-id or --cluster", 2)
+    out = []
+    for op in args.operation:
+        try:
+            operation = A.Operation[op.strip().upper()]
+        except KeyError:
+            raise CliError(f"unknown operation {op!r}", 2) from None
+        acl = A.Acl(
+            rtype, name, A.PatternType.PREFIXED if args.prefixed else A.PatternType.LITERAL, args.principal,
+            args.host, operation, A.Permission.DENY if args.deny else A.Permission.ALLOW,
+        )  # fmt: skip
+        problem = acl.problem()
+        if problem is not None:
+            raise CliError(problem, 2)
+        out.append(acl)
+    return out
 
 
 def _users_file_of(config_path: str) -> str:

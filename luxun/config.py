@@ -39,6 +39,7 @@ key                                        field                         default
 ``kafka.sasl.mechanisms`` (ours)           ``kafka_sasl_mechanisms``     none (SASL off)
 ``kafka.sasl.users.file`` (ours)           ``kafka_sasl_users_file``     none
 ``kafka.allow.unauthenticated`` (ours)     ``kafka_allow_unauthenticated`` false
+``allow.everyone.if.no.acl.found`` (ours)  ``kafka_allow_everyone_if_no_acl_found`` false
 =========================================  ============================  ====================
 
 The Kafka port's keys (``kafka.*``, ``num.partitions``, ``delete.topic.enable``...) are
@@ -328,6 +329,12 @@ class BrokerConfig:
         default=DEFAULT_KAFKA_ALLOW_UNAUTHENTICATED, metadata=_key("kafka.allow.unauthenticated", ours=True)
     )
 
+    #: With SASL on, a resource no ACL matches is open to every user (Kafka's key;
+    #: luxun.kafka.acls, docs/kafka-acls.md).
+    kafka_allow_everyone_if_no_acl_found: bool = field(
+        default=False, metadata=_key("allow.everyone.if.no.acl.found", ours=True)
+    )
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -486,7 +493,9 @@ _STR_FIELDS = frozenset({"data_dir", "host", "metrics_host", "password"})
 #: String fields that may be empty (meaning: derived from another setting).
 _OPTIONAL_STR_FIELDS = frozenset({"kafka_host", "kafka_advertised_host", "kafka_sasl_users_file"})
 _MAP_FIELDS = frozenset({"topic_flush_intervals_ms", "topic_retention_hours"})
-_BOOL_FIELDS = frozenset({"auto_create_topics", "delete_topic_enable", "kafka_allow_unauthenticated"})
+_BOOL_FIELDS = frozenset(
+    {"auto_create_topics", "delete_topic_enable", "kafka_allow_unauthenticated", "kafka_allow_everyone_if_no_acl_found"}
+)
 _MECHANISM_FIELDS = frozenset({"kafka_sasl_mechanisms"})
 
 #: Every key Java Luxun's ServerConfig reads.

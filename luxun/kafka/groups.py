@@ -214,13 +214,20 @@ class GroupCoordinator(GroupAdmin):
         Raises:
             ValueError: ``api_key`` is not one this coordinator handles.
         """
+        values = self.answer(api_key, version, request, client_id=client_id, client_host=client_host)
+        return build(response_schema(api_key, version), **values)
+
+    def answer(
+        self, api_key: int, version: int, request: Any, *, client_id: str | None, client_host: str
+    ) -> dict[str, Any]:
+        """:meth:`handle`'s response as plain values (for :func:`~luxun.kafka.protocol.build`),
+        so a caller may change them first (the ACL checks of :mod:`luxun.kafka.group_acls`)."""
         handler = self._handlers.get(api_key)
         if handler is None:
             raise ValueError(f"the group coordinator does not handle API key {api_key}")
         if not client_host.startswith("/"):  # as Kafka shows it (InetAddress.toString)
             client_host = "/" + client_host
-        values = handler(request, version, client_id or "", client_host)
-        return build(response_schema(api_key, version), **values)
+        return handler(request, version, client_id or "", client_host)
 
     def close(self) -> None:
         """Stop the background thread and answer every waiting JoinGroup and SyncGroup

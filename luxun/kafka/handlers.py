@@ -44,6 +44,9 @@ from ..logs import RateLimitedLog
 from ..metrics import Metrics
 from ..net import DEFAULT_MAX_BUFFERED_BYTES, OutputBudget
 from . import protocol as P
+from .acl_apis import SecurityApis
+from .acls import ALL_OPERATIONS, CLUSTER_NAME, NO_AUTHORIZED_OPERATIONS, Authorizer, Operation, ResourceType
+from .group_acls import GroupAcls
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
 from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
 from .sasl import AuthenticationFailed, Authenticator, SaslSession
@@ -64,7 +67,12 @@ DELETE_TOPICS: Final = 20
 INIT_PRODUCER_ID: Final = 22
 DESCRIBE_CONFIGS: Final = 32
 SASL_AUTHENTICATE: Final = 36
+DESCRIBE_ACLS: Final = 29
+CREATE_ACLS: Final = 30
+DELETE_ACLS: Final = 31
 DELETE_GROUPS: Final = 42
+DESCRIBE_USER_SCRAM_CREDENTIALS: Final = 50
+ALTER_USER_SCRAM_CREDENTIALS: Final = 51
 DESCRIBE_CLUSTER: Final = 60
 
 #: The versions served of the APIs this module answers: min, max.
@@ -81,6 +89,14 @@ VERSIONS: Final[dict[int, tuple[int, int]]] = {
     DESCRIBE_CLUSTER: (0, 1),
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),
+    DESCRIBE_ACLS: (1, 3),
+    CREATE_ACLS: (1, 3),
+    DELETE_ACLS: (1, 3),
+}
+#: Served with SASL on only (the credentials live in its users file).
+SCRAM_VERSIONS: Final[dict[int, tuple[int, int]]] = {
+    DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
 }
 
 UNSUPPORTED_VERSION: Final = 35
@@ -89,6 +105,7 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Final = 53
 INVALID_REPLICATION_FACTOR: Final = 38
 TOPIC_AUTHORIZATION_FAILED: Final = 29
 GROUP_AUTHORIZATION_FAILED: Final = 30
+CLUSTER_AUTHORIZATION_FAILED: Final = 31
 UNSUPPORTED_SASL_MECHANISM: Final = 33
 ILLEGAL_SASL_STATE: Final = 34
 SASL_AUTHENTICATION_FAILED: Final = 58
@@ -100,6 +117,8 @@ CLUSTER_ID: Final = "luxun-" + uuid.uuid5(uuid.NAMESPACE_DNS, "luxun").hex[:16]
 #: Fetch waits at most this long whatever the client asks (Kafka clients ask 500 ms).
 MAX_FETCH_WAIT_S: Final = 30.0
 _I32: Final = struct.Struct(">i")
+_READ, _WRITE, _DESCRIBE_CONFIGS = Operation.READ, Operation.WRITE, Operation.DESCRIBE_CONFIGS
+_TOPIC, _CLUSTER = ResourceType.TOPIC, ResourceType.CLUSTER
 
 
 class HeldReply(list[Any]):
@@ -127,6 +146,8 @@ class KafkaHandler:
             ``VERSIONS``), or None: group APIs are not announced.
         metrics: counters of requests per API and version and errors per code.
         sasl: the mechanisms and users when SASL is on; None: off.
+        acls: the authorizer (:mod:`luxun.kafka.acls`) when SASL is on; None: nothing
+            is checked, as a Kafka broker without an authorizer.
     """
 
     def __init__(
@@ -141,6 +162,7 @@ class KafkaHandler:
         fetch_max_bytes: int = 57671680,
         sasl: Authenticator | None = None,
         output_budget: OutputBudget | None = None,
+        acls: Authorizer | None = None,
     ) -> None:
         self.log = kafka_log
         self.metrics = metrics or Metrics()
@@ -155,7 +177,13 @@ class KafkaHandler:
         self.port = port
         self.groups = groups
         self.sasl = sasl
+        #: None with SASL off: no check is made (Produce and Fetch call nothing).
+        self.acls = acls if sasl is not None else None
+        self.security = SecurityApis(self.acls, sasl.users if sasl is not None else None)
+        self.group_acls = GroupAcls(groups, self.acls)
         self.versions: dict[int, tuple[int, int]] = dict(VERSIONS)
+        if sasl is not None:
+            self.versions.update(SCRAM_VERSIONS)
         if groups is not None:
             self.versions.update(groups.VERSIONS)
         self._methods: dict[int, Callable[[Any, P.RequestHeader, SaslSession | None], Any]] = {
@@ -171,6 +199,11 @@ class KafkaHandler:
             DESCRIBE_CLUSTER: self.describe_cluster,
             SASL_HANDSHAKE: self.sasl_handshake,
             SASL_AUTHENTICATE: self.sasl_authenticate,
+            CREATE_ACLS: self._security(self.security.create_acls),
+            DESCRIBE_ACLS: self._security(self.security.describe_acls),
+            DELETE_ACLS: self._security(self.security.delete_acls),
+            DESCRIBE_USER_SCRAM_CREDENTIALS: self._security(self.security.describe_user_scram_credentials),
+            ALTER_USER_SCRAM_CREDENTIALS: self._security(self.security.alter_user_scram_credentials),
         }
         self._flexible: dict[tuple[int, int], bool] = {}
 
@@ -204,10 +237,10 @@ class KafkaHandler:
         method = self._methods.get(key)
         if method is not None:
             response = method(request, header, session)
-        elif key == DELETE_GROUPS and session is not None and not session.admin:
-            response = self._refuse_delete_groups(request, header, session)
         else:
-            response = self.groups.handle(key, version, request, client_id=header.client_id, client_host=peer[0])
+            response = self.group_acls.handle(
+                key, version, request, session, client_id=header.client_id, client_host=peer[0]
+            )
         if response is None:
             return None
         if isinstance(response, (bytes, list)):  # laid out by hand (luxun.kafka.responses)
@@ -230,6 +263,31 @@ class KafkaHandler:
     def _response(self, header: P.RequestHeader, **values: Any) -> Any:
         return P.build(P.response_schema(header.api_key, header.api_version), **values)
 
+    def _security(self, api: Callable[[Any, SaslSession | None], dict[str, Any]]) -> Callable[..., Any]:
+        """An API of :class:`~luxun.kafka.acl_apis.SecurityApis` as a method of ``_methods``."""
+
+        def method(request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+            values = api(request, session)
+            for code in _error_codes(values):
+                self.metrics.count_kafka_error(code)
+            return self._response(header, **values)
+
+        return method
+
+    # -- ACL checks (SASL on only: with it off, self.acls is None and none is made) --------
+    def _may(self, session: SaslSession | None, op: Operation, rtype: ResourceType, name: str) -> bool:
+        """Whether ``session`` may do ``op`` on the resource (always with SASL off)."""
+        acls = self.acls
+        return session is None or acls is None or acls.authorize(session, op, rtype, name)
+
+    def _operations(self, session: SaslSession | None, rtype: ResourceType, name: str, asked: bool) -> int:
+        """KIP-430's authorized operations, or the marker of "not asked"."""
+        if not asked:
+            return NO_AUTHORIZED_OPERATIONS
+        if session is None or self.acls is None:
+            return ALL_OPERATIONS[rtype]
+        return self.acls.authorized_operations(session, rtype, name)
+
     # -- ApiVersions -------------------------------------------------------------------
     def _api_keys(self) -> list[dict[str, int]]:
         return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(self.versions.items())]
@@ -250,7 +308,9 @@ class KafkaHandler:
     def _brokers(self) -> list[dict[str, Any]]:
         return [{"node_id": self.node_id, "broker_id": self.node_id, "host": self.host, "port": self.port}]
 
-    def _topic_metadata(self, name: str, create: bool, may_create: bool = True) -> dict[str, Any]:
+    def _topic_metadata(
+        self, name: str, create: bool, may_create: bool = True, operations: int = NO_AUTHORIZED_OPERATIONS
+    ) -> dict[str, Any]:
         """``create``: the request allows auto-creation; ``may_create``: the session's
         user may create topics (else, where creation would happen, TOPIC_AUTHORIZATION_FAILED,
         as Kafka answers a user without CREATE)."""
@@ -284,33 +344,56 @@ class KafkaHandler:
             "topic_id": info.topic_id,
             "is_internal": False,
             "partitions": partitions,
-            "topic_authorized_operations": -2147483648,
+            "topic_authorized_operations": operations,
         }
 
     def metadata(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        """With SASL on: a topic asked for without DESCRIBE is answered
+        TOPIC_AUTHORIZATION_FAILED (whether it exists or not), one to auto-create without
+        CREATE on the cluster or the topic too; asked for all topics, those without
+        DESCRIBE are left out (Kafka's KafkaApis)."""
+        ops = getattr(request, "include_topic_authorized_operations", False)
         if request.topics is None or (header.api_version == 0 and not request.topics):
-            topics = [self._topic_metadata(info.name, False) for info in self.log.list_topics()]
+            names = [info.name for info in self.log.list_topics()]
+            if self.acls is not None and session is not None:
+                names = self.acls.allowed_names(session, Operation.DESCRIBE, ResourceType.TOPIC, names)
+            topics = [self._topic_metadata(n, False, operations=self._operations(session, ResourceType.TOPIC, n, ops))
+                      for n in names]  # fmt: skip
         else:
             create = getattr(request, "allow_auto_topic_creation", True)
-            may = session is None or session.admin
-            topics = [self._topic_metadata(t.name, create, may) for t in request.topics if t.name is not None]
+            may_cluster = self._may(session, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
+            topics = []
+            for t in request.topics:
+                name = t.name
+                if name is None:
+                    continue
+                if not self._may(session, Operation.DESCRIBE, ResourceType.TOPIC, name):
+                    self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
+                    topics.append({"error_code": TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": [],
+                                   "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS})  # fmt: skip
+                    continue
+                may = may_cluster or self._may(session, Operation.CREATE, ResourceType.TOPIC, name)
+                operations = self._operations(session, ResourceType.TOPIC, name, ops)
+                topics.append(self._topic_metadata(name, create, may, operations))
+        cluster_ops = getattr(request, "include_cluster_authorized_operations", False)
         return self._response(
             header,
             brokers=self._brokers(),
             cluster_id=CLUSTER_ID,
             controller_id=self.node_id,
             topics=topics,
-            cluster_authorized_operations=-2147483648,
+            cluster_authorized_operations=self._operations(session, ResourceType.CLUSTER, CLUSTER_NAME, cluster_ops),
         )
 
     def describe_cluster(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        ops = request.include_cluster_authorized_operations
         return self._response(
             header,
             error_code=NONE,
             cluster_id=CLUSTER_ID,
             controller_id=self.node_id,
             brokers=self._brokers(),
-            cluster_authorized_operations=-2147483648,
+            cluster_authorized_operations=self._operations(session, ResourceType.CLUSTER, CLUSTER_NAME, ops),
         )
 
     # -- Produce -----------------------------------------------------------------------
@@ -324,8 +407,14 @@ class KafkaHandler:
             self.metrics.count_kafka_error(err)
             return None if request.acks == 0 else produce_response(header.api_version, refused)
         responses = []
+        acls = self.acls
         for t in request.topic_data:
             parts = []
+            if acls is not None and session is not None and not acls.authorize(session, _WRITE, _TOPIC, t.name):
+                self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
+                err = TOPIC_AUTHORIZATION_FAILED
+                responses.append((t.name, [ProducePartition(p.index, err, -1, -1, -1, None) for p in t.partition_data]))
+                continue
             for p in t.partition_data:
                 result = self.log.produce(t.name, p.index, p.records)
                 if result.error != NONE:
@@ -363,6 +452,12 @@ class KafkaHandler:
             for p in t.partitions:
                 named[(t.topic, p.partition)] = p
         wanted = [(topic, p) for (topic, _), p in named.items()]
+        refused: list[tuple[str, Any]] = []
+        acls = self.acls
+        if acls is not None and session is not None:
+            allowed = set(acls.allowed_names(session, _READ, _TOPIC, {topic for topic, _ in wanted}))
+            refused = [(topic, p) for topic, p in wanted if topic not in allowed]
+            wanted = [(topic, p) for topic, p in wanted if topic in allowed]
         # fetch.max.bytes caps every answer (KIP-541), v0-v2 (no max_bytes) included.
         asked = request.max_bytes if header.api_version >= 3 else self.fetch_max_bytes
         max_bytes = max(0, min(asked, self.fetch_max_bytes))
@@ -371,7 +466,7 @@ class KafkaHandler:
         budget = self.output_budget
         results, held = self._fetch_granted(wanted, max_bytes)
         try:
-            if wait_s > 0 and held < min_bytes and not self._has_error(results):
+            if wait_s > 0 and held < min_bytes and wanted and not self._has_error(results):
                 until = time.monotonic() + wait_s
 
                 def enough() -> bool:
@@ -382,7 +477,7 @@ class KafkaHandler:
                     return held >= min_bytes or self._has_error(results)
 
                 self.log.wait([(topic, p.partition) for topic, p in wanted], until, enough)
-            return HeldReply(self._fetch_answer(header, wanted, results), budget, held)
+            return HeldReply(self._fetch_answer(header, wanted, results, refused), budget, held)
         except BaseException:
             budget.give(held)
             raise
@@ -403,8 +498,17 @@ class KafkaHandler:
         budget.settle(granted, held)
         return results, held
 
-    def _fetch_answer(self, header: P.RequestHeader, wanted: list[tuple[str, Any]], results: list[Any]) -> list[Any]:
+    def _fetch_answer(
+        self, header: P.RequestHeader, wanted: list[tuple[str, Any]], results: list[Any], refused: list[Any]
+    ) -> list[Any]:
+        """The Fetch answer; the ``refused`` partitions (no READ on their topic) get
+        TOPIC_AUTHORIZATION_FAILED."""
         responses: dict[str, list[FetchPartition]] = {}
+        for topic, p in refused:
+            self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
+            responses.setdefault(topic, []).append(
+                FetchPartition(p.partition, TOPIC_AUTHORIZATION_FAILED, -1, -1, -1, b"")
+            )
         for (topic, p), result in zip(wanted, results, strict=True):
             if result.error != NONE:
                 self.metrics.count_kafka_error(result.error)
@@ -455,8 +559,13 @@ class KafkaHandler:
         topics = []
         for t in request.topics:
             parts = []
+            may = self._may(session, Operation.DESCRIBE, ResourceType.TOPIC, t.name)
             for p in t.partitions:
-                code, offset, ts = self.log.list_offset(t.name, p.partition_index, p.timestamp)
+                code, offset, ts = (
+                    self.log.list_offset(t.name, p.partition_index, p.timestamp)
+                    if may
+                    else (TOPIC_AUTHORIZATION_FAILED, -1, -1)
+                )
                 if code != NONE:
                     self.metrics.count_kafka_error(code)
                 parts.append(
@@ -479,15 +588,7 @@ class KafkaHandler:
         it), then replication factor and replica assignments, then, in
         :meth:`KafkaLog.create`, name, existence, partitions, configs and max.topics;
         ``validate_only`` answers the same and makes nothing."""
-        if session is not None and not session.admin:
-            refusal = _not_admin(session, "create topics")
-            refused = [
-                {"name": t.name, "error_code": TOPIC_AUTHORIZATION_FAILED, "error_message": refusal,
-                 "num_partitions": -1, "replication_factor": -1, "configs": None}
-                for t in request.topics
-            ]  # fmt: skip
-            self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
-            return self._response(header, topics=refused)
+        may_cluster = self._may(session, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
         names = collections.Counter(t.name for t in request.topics)
         results = []
         reserved = 0  # luxun topics the earlier topics of a validate-only request would take
@@ -497,6 +598,9 @@ class KafkaHandler:
                 results.append(self._created(t.name, INVALID_REQUEST, "Duplicate topic name.", 0))
                 continue
             if names[t.name] == 0:
+                continue
+            if not may_cluster and not self._may(session, Operation.CREATE, ResourceType.TOPIC, t.name):
+                results.append(self._created(t.name, TOPIC_AUTHORIZATION_FAILED, "Authorization failed.", 0))
                 continue
             partitions = len(t.assignments) if t.assignments else t.num_partitions
             if partitions == -1:
@@ -572,14 +676,15 @@ class KafkaHandler:
         names = getattr(request, "topic_names", None)
         if names is None:
             names = [t.name for t in request.topics]
-        if session is not None and not session.admin:
-            refusal = _not_admin(session, "delete topics")
-            self.metrics.count_kafka_error(TOPIC_AUTHORIZATION_FAILED)
-            refused = [{"name": n, "error_code": TOPIC_AUTHORIZATION_FAILED, "error_message": refusal} for n in names]
-            return self._response(header, responses=refused)
         responses = []
         for name in names:
-            code, message = self.log.delete(name) if name is not None else (UNKNOWN_TOPIC_OR_PARTITION, None)
+            message: str | None
+            if name is not None and not self._may(session, Operation.DELETE, ResourceType.TOPIC, name):
+                code, message = TOPIC_AUTHORIZATION_FAILED, "Authorization failed."
+            elif name is not None:
+                code, message = self.log.delete(name)
+            else:
+                code, message = UNKNOWN_TOPIC_OR_PARTITION, None
             if code != NONE:
                 self.metrics.count_kafka_error(code)
             responses.append({"name": name, "error_code": code, "error_message": message})
@@ -590,7 +695,11 @@ class KafkaHandler:
         for r in request.resources:
             configs: list[dict[str, Any]] = []
             code, message = NONE, None
-            if int(r.resource_type) == 2:  # topic
+            if int(r.resource_type) == 2 and not self._may(session, _DESCRIBE_CONFIGS, _TOPIC, r.resource_name):
+                code, message = TOPIC_AUTHORIZATION_FAILED, "Authorization failed."
+            elif int(r.resource_type) in (4, 8) and not self._may(session, _DESCRIBE_CONFIGS, _CLUSTER, CLUSTER_NAME):
+                code, message = CLUSTER_AUTHORIZATION_FAILED, "Authorization failed."  # broker, broker logger
+            elif int(r.resource_type) == 2:  # topic
                 info = self.log.describe(r.resource_name)
                 if info is None:
                     code, message = UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist"
@@ -631,6 +740,15 @@ class KafkaHandler:
             return self._response(
                 header, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1
             )
+        acls = self.acls
+        if (
+            acls is not None
+            and session is not None
+            and not acls.authorize(session, Operation.IDEMPOTENT_WRITE, _CLUSTER, CLUSTER_NAME)
+            and not acls.authorize_any(session, _WRITE, _TOPIC)  # KIP-679
+        ):
+            self.metrics.count_kafka_error(CLUSTER_AUTHORIZATION_FAILED)
+            return self._response(header, error_code=CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
         return self._response(header, error_code=NONE, producer_id=self.log.next_producer_id(), producer_epoch=0)
 
     # -- SASL --------------------------------------------------------------------------
@@ -730,18 +848,16 @@ class KafkaHandler:
     @staticmethod
     def _logged_in(session: SaslSession, peer: Any) -> None:
         assert session.user is not None
+        session.host = str(peer[0]) if peer else ""
         log.debug("Kafka connection from %s logged in as %r with %s", peer, session.user.name, session.mechanism)
 
-    def _refuse_delete_groups(self, request: Any, header: P.RequestHeader, session: SaslSession) -> Any:
-        """DeleteGroups of a user who is not an admin: GROUP_AUTHORIZATION_FAILED for each group."""
-        self.metrics.count_kafka_error(GROUP_AUTHORIZATION_FAILED)
-        results = [{"group_id": g, "error_code": GROUP_AUTHORIZATION_FAILED} for g in request.groups_names]
-        return self._response(header, results=results)
 
-
-def _not_admin(session: SaslSession, what: str) -> str:
-    name = session.user.name if session.user is not None else "?"
-    return f"user {name!r} may not {what}: only users with the admin role in kafka.sasl.users.file may"
+def _error_codes(values: Any) -> list[int]:
+    """The non-zero ``error_code`` values anywhere in a response's values (for the metrics)."""
+    if isinstance(values, dict):
+        own = [values["error_code"]] if values.get("error_code") else []
+        return own + [c for k, v in values.items() if isinstance(v, list) for item in v for c in _error_codes(item)]
+    return []
 
 
 def _api_name(key: int, version: int) -> str:

@@ -42,23 +42,22 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import dataclasses
 import hashlib
 import hmac
 import logging
 import os
 import secrets
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 import scramp
 
 from ..config import KAFKA_SASL_MECHANISMS
 from ..errors import ConfigError
+from .textfile import replace_text, writers_lock
 
 __all__ = [
     "DEFAULT_ITERATIONS",
@@ -74,6 +73,7 @@ __all__ = [
     "new_user",
     "parse_users",
     "remove_user",
+    "update_users",
     "user_name_problem",
     "write_user",
 ]
@@ -139,6 +139,15 @@ class ScramCredential:
         stored_key, server_key = _keys(mechanism, password.encode("utf-8"), salt, iterations)
         return cls(mechanism, iterations, salt, stored_key, server_key)
 
+    @classmethod
+    def from_salted_password(
+        cls, mechanism: str, salted_password: bytes, salt: bytes, iterations: int
+    ) -> ScramCredential:
+        """The credential of a client's SaltedPassword (KIP-554's AlterUserScramCredentials
+        upsertion: ``Hi(password, salt, iterations)``), its salt and iterations."""
+        stored_key, server_key = _keys_of_salted(mechanism, salted_password)
+        return cls(mechanism, iterations, salt, stored_key, server_key)
+
     def matches(self, password: bytes) -> bool:
         """Whether ``password`` (UTF-8) is this credential's, compared in constant time."""
         stored_key, _ = _keys(self.mechanism, password, self.salt, self.iterations)
@@ -183,8 +192,12 @@ class ScramCredential:
 
 def _keys(mechanism: str, password: bytes, salt: bytes, iterations: int) -> tuple[bytes, bytes]:
     """(StoredKey, ServerKey) as RFC 5802 and Kafka's ScramFormatter compute them."""
+    return _keys_of_salted(mechanism, hashlib.pbkdf2_hmac(_HASHES[mechanism], password, salt, iterations))
+
+
+def _keys_of_salted(mechanism: str, salted: bytes) -> tuple[bytes, bytes]:
+    """(StoredKey, ServerKey) of RFC 5802's SaltedPassword."""
     name = _HASHES[mechanism]
-    salted = hashlib.pbkdf2_hmac(name, password, salt, iterations)
     client_key = hmac.digest(salted, b"Client Key", name)
     return hashlib.new(name, client_key).digest(), hmac.digest(salted, b"Server Key", name)
 
@@ -195,7 +208,7 @@ class User:
 
     name: str
     admin: bool
-    #: SCRAM mechanism -> credential (at least one).
+    #: SCRAM mechanism -> credential (none: the user cannot log in).
     credentials: Mapping[str, ScramCredential]
 
 
@@ -245,7 +258,7 @@ def format_user(user: User) -> str:
 
 def _parse_line(line: str) -> User:
     fields = line.split()
-    if len(fields) < 3:
+    if len(fields) < 2:
         raise ValueError("expected NAME ROLE MECHANISM=CREDENTIAL...")
     name, role, *creds = fields
     problem = user_name_problem(name)
@@ -322,6 +335,11 @@ class UserStore:
     def __len__(self) -> int:
         return len(self._users)
 
+    def all(self) -> dict[str, User]:
+        """Every user, by name, from the file as it is now."""
+        self._reload_if_changed()
+        return dict(self._users)
+
     def get(self, name: str) -> User | None:
         """The user called ``name`` (None if unknown), from the file as it is now."""
         self._reload_if_changed()
@@ -349,28 +367,19 @@ class UserStore:
 
 # -- editing the file (luxun kafka-user) ----------------------------------------------------
 def _edit(path: str, edit: Callable[[list[str]], list[str]]) -> None:
-    """Rewrite the users file at ``path`` with ``edit(lines)``, atomically (a temporary
-    file in the same directory, fsynced, renamed over it), readable by its owner only."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        lines = ["# luxun Kafka users (kafka.sasl.users.file): NAME ROLE MECHANISM=ITERATIONS:SALT:STOREDKEY:SERVERKEY"]
-    parse_users("\n".join(lines), source=path)  # refuse to edit a file the broker would refuse
-    out = edit(lines)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".users-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(out) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Rewrite the users file at ``path`` with ``edit(lines)`` under the writers' lock
+    (:mod:`.textfile`: no other writer's change is lost), crash-safely, readable by its
+    owner only."""
+    with writers_lock(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            lines = [
+                "# luxun Kafka users (kafka.sasl.users.file): NAME ROLE MECHANISM=ITERATIONS:SALT:STOREDKEY:SERVERKEY"
+            ]
+        parse_users("\n".join(lines), source=path)  # refuse to edit a file the broker would refuse
+        replace_text(path, "\n".join(edit(lines)) + "\n")
 
 
 def _line_name(line: str) -> str | None:
@@ -405,6 +414,23 @@ def write_user(path: str, user: User) -> bool:
 
     _edit(path, edit)
     return replaced
+
+
+def update_users(path: str, change: Callable[[dict[str, User]], dict[str, User]]) -> None:
+    """Change users of the users file: ``change(users)`` (the file's users as they are,
+    read under the writers' lock) returns the users to write, by name; each replaces the
+    line of its name in place or is appended. Crash-safe, as :func:`write_user`.
+
+    Raises:
+        OSError, ValueError: as :func:`write_user`.
+    """
+
+    def edit(lines: list[str]) -> list[str]:
+        changed = change(parse_users("\n".join(lines), source=path))
+        out = [format_user(changed.pop(n)) if (n := _line_name(line)) in changed else line for line in lines]
+        return out + [format_user(u) for u in changed.values()]
+
+    _edit(path, edit)
 
 
 def remove_user(path: str, name: str) -> bool:
@@ -493,7 +519,7 @@ class SaslSession:
     (Kafka before 1.0) rather than in SaslAuthenticate requests.
     """
 
-    __slots__ = ("_auth", "_pending", "_scram", "mechanism", "raw", "user")
+    __slots__ = ("_auth", "_pending", "_scram", "authz", "host", "mechanism", "raw", "user")
 
     def __init__(self, authenticator: Authenticator) -> None:
         self._auth = authenticator
@@ -502,6 +528,10 @@ class SaslSession:
         self.user: User | None = None
         self._scram: scramp.ScramServer | None = None
         self._pending: User | None = None  # the SCRAM user named, until the proof is checked
+        #: The client's address (set at login; ACLs name hosts).
+        self.host = ""
+        #: The authorizer's cache of this connection's decisions (luxun.kafka.acls).
+        self.authz: Any = None
 
     @property
     def mechanisms(self) -> tuple[str, ...]:
@@ -511,6 +541,16 @@ class SaslSession:
     @property
     def admin(self) -> bool:
         """True once authenticated as an admin."""
+        return self.user is not None and self.user.admin
+
+    @property
+    def principal(self) -> str:
+        """``User:<name>``, as ACLs name the user."""
+        return "User:" + (self.user.name if self.user is not None else "")
+
+    @property
+    def super_user(self) -> bool:
+        """An admin: allowed everything whatever the ACLs (Kafka's super.users)."""
         return self.user is not None and self.user.admin
 
     def handshake(self, mechanism: str, version: int) -> bool:
