@@ -406,6 +406,7 @@ def edit_acl_file(path: str, edit: Callable[[list[Acl]], list[Acl]]) -> list[Acl
     Raises:
         OSError, ValueError: as :func:`read_acl_file`, or ``edit``'s own.
     """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # a data directory no broker made yet
     with writers_lock(path):
         acls, _ = read_acl_file(path)
         out = list(dict.fromkeys(edit(list(acls))))
