@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     where_users = kafka_user.add_mutually_exclusive_group(required=True)
     where_users.add_argument("--users-file", help="the users file (created by add if missing)")
     where_users.add_argument("--config", help="a server.properties whose kafka.sasl.users.file to use")
-    kafka_user.add_argument("--admin", action="store_true", help="add: may create and delete topics and delete groups")
+    kafka_user.add_argument(
+        "--admin", action="store_true", help="add: a super user, allowed everything whatever the ACLs"
+    )
     kafka_user.add_argument(
         "--mechanisms",
         default="SCRAM-SHA-256,SCRAM-SHA-512",

@@ -209,15 +209,7 @@ class Acl:
     def of(cls, resource_type: int, name: str, pattern: int, principal: str, host: str, operation: int,
            permission: int) -> Acl:  # fmt: skip
         """A binding from wire codes (unknown codes become UNKNOWN: :meth:`problem` says so)."""
-        return cls(
-            _code(ResourceType, resource_type),
-            name,
-            _code(PatternType, pattern),
-            principal,
-            host,
-            _code(Operation, operation),
-            _code(Permission, permission),
-        )
+        return cls(*_from_wire(resource_type, name, pattern, principal, host, operation, permission))
 
     def problem(self) -> str | None:
         """None if this binding may be stored, else why not (CreateAcls answers
@@ -298,6 +290,13 @@ class Acl:
         return acl
 
 
+def _from_wire(resource_type: int, name: str | None, pattern: int, principal: str | None, host: str | None,
+               operation: int, permission: int) -> tuple[Any, ...]:  # fmt: skip
+    """A binding's or filter's fields from wire codes (unknown codes become UNKNOWN)."""
+    return (_code(ResourceType, resource_type), name, _code(PatternType, pattern), principal, host,
+            _code(Operation, operation), _code(Permission, permission))  # fmt: skip
+
+
 def _code(cls: type[enum.IntEnum], value: int) -> Any:
     try:
         return cls(value)
@@ -322,15 +321,7 @@ class AclFilter:
     @classmethod
     def of(cls, resource_type: int, name: str | None, pattern: int, principal: str | None, host: str | None,
            operation: int, permission: int) -> AclFilter:  # fmt: skip
-        return cls(
-            _code(ResourceType, resource_type),
-            name,
-            _code(PatternType, pattern),
-            principal,
-            host,
-            _code(Operation, operation),
-            _code(Permission, permission),
-        )
+        return cls(*_from_wire(resource_type, name, pattern, principal, host, operation, permission))
 
     def problem(self) -> str | None:
         """None if the filter is valid, else why not (INVALID_REQUEST), as Kafka."""

@@ -19,10 +19,11 @@ mechanism (UNSUPPORTED_SASL_MECHANISM with the enabled ones, then the connection
 closed, for one not enabled); the tokens follow in SaslAuthenticate requests (v0-v2)
 after a v1 handshake, or as bare size-prefixed frames after a v0 one; a refused
 login answers SASL_AUTHENTICATION_FAILED with Kafka's message and closes; any other
-request closes the connection. After it, every request carries the session: one
-whose user is not an admin gets TOPIC_AUTHORIZATION_FAILED for each topic of a
-CreateTopics or DeleteTopics and for a topic Metadata would auto-create, and
-GROUP_AUTHORIZATION_FAILED for each group of a DeleteGroups. SaslHandshake and
+request closes the connection. After it, every request carries the session, and each
+API checks its ACLs (:mod:`luxun.kafka.acls`, docs/kafka-acls.md) as Kafka's KafkaApis
+does: Produce WRITE, Fetch READ, ListOffsets and Metadata DESCRIBE on each topic, and so
+on; the group APIs are checked by :mod:`luxun.kafka.group_acls`. With SASL off
+``self.acls`` is None and no check is made. SaslHandshake and
 SaslAuthenticate once logged in, or with SASL off, answer ILLEGAL_SASL_STATE (Kafka's
 ``KafkaApis`` answers).
 

@@ -15,7 +15,7 @@ a comment line, blank lines are skipped::
     alice   admin  SCRAM-SHA-256=4096:<base64>:<base64>:<base64> SCRAM-SHA-512=4096:<...>
     bob     user   SCRAM-SHA-256=4096:<base64>:<base64>:<base64>
 
-``ROLE`` is ``admin`` (may create and delete topics and delete groups) or ``user``.
+``ROLE`` is ``admin`` (a super user: every ACL check passes, see :mod:`.acls`) or ``user``.
 Each credential is RFC 5802's: the salt, the iteration count, StoredKey and ServerKey
 (base64), never the password: the one Kafka keeps (``kafka-configs --alter
 --add-config SCRAM-SHA-256=[...]``), computed like Kafka's ``ScramFormatter`` (PBKDF2
