@@ -212,8 +212,11 @@ def test_kafka_apis_table_matches_the_versions_served() -> None:
         "OffsetCommit": G.OFFSET_COMMIT, "OffsetFetch": G.OFFSET_FETCH, "FindCoordinator": G.FIND_COORDINATOR,
         "JoinGroup": G.JOIN_GROUP, "Heartbeat": G.HEARTBEAT, "LeaveGroup": G.LEAVE_GROUP,
         "SyncGroup": G.SYNC_GROUP, "DescribeGroups": G.DESCRIBE_GROUPS, "ListGroups": G.LIST_GROUPS,
+        "DescribeAcls": H.DESCRIBE_ACLS, "CreateAcls": H.CREATE_ACLS, "DeleteAcls": H.DELETE_ACLS,
+        "DescribeUserScramCredentials": H.DESCRIBE_USER_SCRAM_CREDENTIALS,
+        "AlterUserScramCredentials": H.ALTER_USER_SCRAM_CREDENTIALS,
     }  # fmt: skip
-    served = {**H.VERSIONS, **G.GroupCoordinator.VERSIONS}
+    served = {**H.VERSIONS, **H.SCRAM_VERSIONS, **G.GroupCoordinator.VERSIONS}
     unnamed = set(served) - set(names.values())
     assert not unnamed, f"API keys served without a name here: {unnamed}"
     expected = {name: f"v{served[key][0]}-v{served[key][1]}" for name, key in names.items() if key in served}
