@@ -31,6 +31,7 @@ from .kafka.handlers import KafkaHandler
 from .kafka.log import KafkaLog, remove_interrupted_creations
 from .kafka.sasl import Authenticator, UserStore
 from .kafka.server import KafkaServer
+from .kafka.transactions import TransactionCoordinator
 from .metrics import Metrics, MetricsServer
 from .net import OutputBudget, TcpServer
 from .retention import Maintenance
@@ -258,6 +259,9 @@ class Broker:
             groups = getattr(self, "kafka_groups", None)
             if groups is not None:
                 groups.close()
+            transactions = getattr(self, "kafka_transactions", None)
+            if transactions is not None:
+                transactions.close()
             self.topics.close()
             raise
         self._stopped = threading.Event()
@@ -282,6 +286,16 @@ class Broker:
             offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
         )
         self.metrics.kafka_groups = self.kafka_groups
+        self.kafka_transactions = TransactionCoordinator(
+            kafka_log,
+            self.kafka_groups.offsets,
+            self.topics.data_dir,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            id_expiration_ms=config.transactional_id_expiration_ms,
+            abort_check_interval_ms=config.transaction_abort_check_interval_ms,
+            max_transactional_ids=config.max_transactional_ids,
+        )
+        self.kafka_transactions.recover()  # finishes what a crash interrupted
         self.kafka_handler = KafkaHandler(
             kafka_log,
             node_id=config.broker_id,
@@ -295,6 +309,7 @@ class Broker:
             ),
             sasl=self.sasl,
             acls=self.kafka_acls,
+            transactions=self.kafka_transactions,
         )
         server = KafkaServer(
             self.kafka_handler,
@@ -364,6 +379,7 @@ class Broker:
         if self.kafka_server is not None:
             self.kafka_groups.close()  # answers the JoinGroups and SyncGroups waiting
             self.kafka_server.stop()
+            self.kafka_transactions.close()
         self.maintenance.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()

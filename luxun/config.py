@@ -176,6 +176,14 @@ DEFAULT_MAX_GROUPS = 10_000
 DEFAULT_OFFSETS_RETENTION_MINUTES = 7 * 24 * 60
 #: How often expired offsets are looked for (Kafka's offsets.retention.check.interval.ms).
 DEFAULT_OFFSETS_RETENTION_CHECK_INTERVAL_MS = 600_000
+#: Kafka transactions (luxun.kafka.transactions): the longest transaction timeout a
+#: producer may ask, how long an unused transactional id is kept, how often timed-out
+#: transactions are looked for (Kafka's defaults), and the most transactional ids kept
+#: (ours; Kafka has no such limit).
+DEFAULT_TRANSACTION_MAX_TIMEOUT_MS = 900_000
+DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000
+DEFAULT_TRANSACTION_ABORT_CHECK_INTERVAL_MS = 10_000
+DEFAULT_MAX_TRANSACTIONAL_IDS = 100_000
 #: The SASL mechanisms the Kafka port can offer (``kafka.sasl.mechanisms`` names a subset;
 #: none: SASL off). luxun.kafka.sasl implements them.
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -318,6 +326,22 @@ class BrokerConfig:
     offsets_retention_check_interval_ms: int = field(
         default=DEFAULT_OFFSETS_RETENTION_CHECK_INTERVAL_MS,
         metadata=_key("offsets.retention.check.interval.ms", 1, INT32_MAX, ours=True),
+    )
+    #: Kafka transactions (see docs/kafka-transactions.md).
+    transaction_max_timeout_ms: int = field(
+        default=DEFAULT_TRANSACTION_MAX_TIMEOUT_MS,
+        metadata=_key("transaction.max.timeout.ms", 1, INT32_MAX, ours=True),
+    )
+    transactional_id_expiration_ms: int = field(
+        default=DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
+        metadata=_key("transactional.id.expiration.ms", 1, INT32_MAX, ours=True),
+    )
+    transaction_abort_check_interval_ms: int = field(
+        default=DEFAULT_TRANSACTION_ABORT_CHECK_INTERVAL_MS,
+        metadata=_key("transaction.abort.timed.out.transaction.cleanup.interval.ms", 1, INT32_MAX, ours=True),
+    )
+    max_transactional_ids: int = field(
+        default=DEFAULT_MAX_TRANSACTIONAL_IDS, metadata=_key("max.transactional.ids", 1, INT32_MAX, ours=True)
     )
     #: The SASL mechanisms the Kafka port offers (of ``KAFKA_SASL_MECHANISMS``); (): SASL off.
     kafka_sasl_mechanisms: tuple[str, ...] = field(default=(), metadata=_key("kafka.sasl.mechanisms", ours=True))
@@ -649,6 +673,10 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_RETENTION_HOURS",
     "DEFAULT_RETENTION_SIZE_BYTES",
+    "DEFAULT_MAX_TRANSACTIONAL_IDS",
+    "DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS",
+    "DEFAULT_TRANSACTION_ABORT_CHECK_INTERVAL_MS",
+    "DEFAULT_TRANSACTION_MAX_TIMEOUT_MS",
     "JAVA_KEYS",
     "KAFKA_SASL_MECHANISMS",
     "KNOWN_KEYS",

@@ -149,6 +149,8 @@ class KafkaHandler:
         sasl: the mechanisms and users when SASL is on; None: off.
         acls: the authorizer (:mod:`luxun.kafka.acls`) when SASL is on; None: nothing
             is checked, as a Kafka broker without an authorizer.
+        transactions: the transaction coordinator (:mod:`luxun.kafka.transactions`), or
+            None: transactional producers are refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
     """
 
     def __init__(
@@ -164,6 +166,7 @@ class KafkaHandler:
         sasl: Authenticator | None = None,
         output_budget: OutputBudget | None = None,
         acls: Authorizer | None = None,
+        transactions: Any = None,
     ) -> None:
         self.log = kafka_log
         self.metrics = metrics or Metrics()
@@ -187,6 +190,9 @@ class KafkaHandler:
             self.versions.update(SCRAM_VERSIONS)
         if groups is not None:
             self.versions.update(groups.VERSIONS)
+        self.transactions = transactions
+        if transactions is not None:
+            self.versions.update(transactions.VERSIONS)
         self._methods: dict[int, Callable[[Any, P.RequestHeader, SaslSession | None], Any]] = {
             PRODUCE: self.produce,
             FETCH: self.fetch,
@@ -238,6 +244,8 @@ class KafkaHandler:
         method = self._methods.get(key)
         if method is not None:
             response = method(request, header, session)
+        elif self.transactions is not None and key in self.transactions.VERSIONS:
+            response = self.transactions.handle(key, version, request, session)
         else:
             response = self.group_acls.handle(
                 key, version, request, session, client_id=header.client_id, client_host=peer[0]
@@ -399,7 +407,7 @@ class KafkaHandler:
 
     # -- Produce -----------------------------------------------------------------------
     def produce(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
-        if request.transactional_id is not None:
+        if request.transactional_id is not None and self.transactions is None:
             err = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             refused = [
                 (t.name, [ProducePartition(p.index, err, -1, -1, -1, None) for p in t.partition_data])
@@ -465,7 +473,8 @@ class KafkaHandler:
         min_bytes = request.min_bytes
         wait_s = min(request.max_wait.total_seconds(), MAX_FETCH_WAIT_S)
         budget = self.output_budget
-        results, held = self._fetch_granted(wanted, max_bytes)
+        isolation = request.isolation_level
+        results, held = self._fetch_granted(wanted, max_bytes, isolation)
         try:
             if wait_s > 0 and held < min_bytes and wanted and not self._has_error(results):
                 until = time.monotonic() + wait_s
@@ -474,7 +483,7 @@ class KafkaHandler:
                     nonlocal results, held
                     budget.give(held)  # the answer read before is dropped
                     held = 0
-                    results, held = self._fetch_granted(wanted, max_bytes)
+                    results, held = self._fetch_granted(wanted, max_bytes, isolation)
                     return held >= min_bytes or self._has_error(results)
 
                 self.log.wait([(topic, p.partition) for topic, p in wanted], until, enough)
@@ -483,7 +492,9 @@ class KafkaHandler:
             budget.give(held)
             raise
 
-    def _fetch_granted(self, wanted: list[tuple[str, Any]], max_bytes: int) -> tuple[list[Any], int]:
+    def _fetch_granted(
+        self, wanted: list[tuple[str, Any]], max_bytes: int, isolation: int = 0
+    ) -> tuple[list[Any], int]:
         """:meth:`_fetch_once` within what the output budget grants now, and the bytes it
         read (held in the budget until the answer is sent: :class:`HeldReply`). With
         little granted (clients that do not read hold the rest) the answer holds its first
@@ -491,7 +502,7 @@ class KafkaHandler:
         budget = self.output_budget
         granted = budget.grant(max_bytes)
         try:
-            results = self._fetch_once(wanted, granted, progress=granted > 0 or max_bytes == 0)
+            results = self._fetch_once(wanted, granted, progress=granted > 0 or max_bytes == 0, isolation=isolation)
         except BaseException:
             budget.give(granted)
             raise
@@ -518,16 +529,19 @@ class KafkaHandler:
                     p.partition,
                     result.error,
                     result.high_watermark,
-                    result.high_watermark,
+                    result.high_watermark if result.last_stable_offset < 0 else result.last_stable_offset,
                     result.log_start_offset,
                     # Empty, never null, on errors: as Kafka; librdkafka rejects a null
                     # record set ("invalid MessageSetSize -1") and never sees the error.
                     result.records if result.records is not None else b"",
+                    result.aborted,
                 )
             )
         return fetch_response(header.api_version, list(responses.items()))
 
-    def _fetch_once(self, wanted: list[tuple[str, Any]], max_bytes: int, *, progress: bool = True) -> list[Any]:
+    def _fetch_once(
+        self, wanted: list[tuple[str, Any]], max_bytes: int, *, progress: bool = True, isolation: int = 0
+    ) -> list[Any]:
         """Each wanted partition's records within the request's ``max_bytes`` and the
         partition's ``partition_max_bytes``, by KIP-74's rule: only the first batch of the
         first partition with data may go over them (so a consumer always progresses);
@@ -540,7 +554,9 @@ class KafkaHandler:
         served = not progress  # a partition with data answered already (or none may go over)
         for topic, p in wanted:
             limit = min(p.partition_max_bytes, left)
-            result = self.log.fetch(topic, p.partition, p.fetch_offset, limit, at_least_one=not served)
+            result = self.log.fetch(
+                topic, p.partition, p.fetch_offset, limit, at_least_one=not served, isolation=isolation
+            )
             if result.records:
                 served = True
                 left = max(0, left - len(result.records))
@@ -558,12 +574,13 @@ class KafkaHandler:
     # -- ListOffsets -------------------------------------------------------------------
     def list_offsets(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         topics = []
+        isolation = getattr(request, "isolation_level", 0)
         for t in request.topics:
             parts = []
             may = self._may(session, Operation.DESCRIBE, ResourceType.TOPIC, t.name)
             for p in t.partitions:
                 code, offset, ts = (
-                    self.log.list_offset(t.name, p.partition_index, p.timestamp)
+                    self.log.list_offset(t.name, p.partition_index, p.timestamp, isolation)
                     if may
                     else (TOPIC_AUTHORIZATION_FAILED, -1, -1)
                 )
@@ -736,6 +753,8 @@ class KafkaHandler:
 
     # -- producers ---------------------------------------------------------------------
     def init_producer_id(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        if request.transactional_id is not None and self.transactions is not None:
+            return self.transactions.handle(INIT_PRODUCER_ID, header.api_version, request, session)
         if request.transactional_id is not None:
             self.metrics.count_kafka_error(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
             return self._response(

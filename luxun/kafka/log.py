@@ -29,6 +29,13 @@ with the offset it was stored at and not stored again; a gap is answered
 OUT_OF_ORDER_SEQUENCE_NUMBER. After a broker restart this state is rebuilt from the
 last batches of each partition when the partition is first produced to.
 
+Transactions (see :mod:`.transactions` and docs/kafka-transactions.md): a batch with
+the transactional bit is stored only if its producer's open transaction (the
+coordinator's ``check_produce``, :attr:`KafkaLog.transactions`) holds the partition
+with the producer's epoch; the markers come through :meth:`KafkaLog.write_marker`;
+each partition's open and aborted transactions are a :class:`~.txnindex.TxnIndex`,
+from which a read_committed Fetch gets its last stable offset and aborted list.
+
 Thread-safety: every method may be called from any thread.
 """
 
@@ -68,6 +75,7 @@ from ..topics import (
 )
 from .timeindex import TimeIndex
 from .topic_configs import ConfigProblem, check_topic_configs
+from .txnindex import TxnIndex, control_batch, control_type
 
 __all__ = [
     "FetchResult",
@@ -109,6 +117,9 @@ INVALID_CONFIG: Final = 40
 POLICY_VIOLATION: Final = 44
 OUT_OF_ORDER_SEQUENCE_NUMBER: Final = 45
 INVALID_PRODUCER_EPOCH: Final = 47
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Final = 53
+_TRANSACTIONAL: Final = 0x10  # record batch attributes bit 4
+READ_COMMITTED: Final = 1
 TOPIC_DELETION_DISABLED: Final = 73
 UNKNOWN_SERVER_ERROR: Final = -1
 
@@ -139,6 +150,8 @@ class _PartitionState:
     rebuilt: bool = False
     #: The partition's time index, once used (under ``lock``).
     times: TimeIndex | None = None
+    #: Its open and aborted transactions, once loaded (under ``lock``; with ``rebuilt``).
+    txns: TxnIndex | None = None
 
 
 @dataclass
@@ -158,6 +171,10 @@ class FetchResult:
     high_watermark: int = -1
     log_start_offset: int = -1
     records: bytes | bytearray | None = None
+    #: -1: the high watermark (read_uncommitted answers do not look).
+    last_stable_offset: int = -1
+    #: (producer id, first offset) of aborted transactions in the answer (read_committed).
+    aborted: list[tuple[int, int]] | None = None
 
 
 def legal_topic_name(name: str) -> str | None:
@@ -202,6 +219,9 @@ class KafkaLog:
         self._states_lock = threading.Lock()
         self._producer_ids = int(time.time() * 1000) << 10
         self._producer_lock = threading.Lock()
+        #: The transaction coordinator's check of a transactional batch: ``(producer id,
+        #: epoch, luxun topic) -> (error, message) or None``; None: transactions off.
+        self.transactions: Any = None
         topics.add_delete_listener(self._forget)
 
     def _forget(self, name: str) -> None:
@@ -485,7 +505,7 @@ class KafkaLog:
     def _append(self, part: Topic, state: _PartitionState, batches: Sequence[Any], log_append: bool) -> ProduceResult:
         if not state.rebuilt:
             self._rebuild_producers(part.queue, state)
-        duplicate = self._check_sequences(state, batches)
+        duplicate = self._check_sequences(state, batches, part.name)
         if isinstance(duplicate, ProduceResult):
             duplicate.log_start_offset = part.queue.log_start_offset
             return duplicate
@@ -504,10 +524,76 @@ class KafkaLog:
                 ps = state.producers.setdefault(b.producer_id, _ProducerState(b.producer_epoch))
                 ps.epoch = b.producer_epoch
                 ps.batches.append((b.base_sequence, b.base_sequence + b.record_count - 1, offset))
+                if b.attributes & _TRANSACTIONAL:
+                    self._txns(state, queue).begin(b.producer_id, offset)
             offset += b.record_count
         return ProduceResult(
             base_offset=base, log_append_time=now if log_append else -1, log_start_offset=queue.log_start_offset
         )
+
+    @staticmethod
+    def _txns(state: _PartitionState, queue: Any) -> TxnIndex:
+        """The partition's transactions (``state.lock`` held; loaded by ``_rebuild_producers``)."""
+        if state.txns is None:
+            state.txns = TxnIndex(queue.path)
+        return state.txns
+
+    @staticmethod
+    def _marker_epoch(ps: _ProducerState, epoch: int) -> None:
+        """A marker of ``epoch`` for producer ``ps``: a newer epoch (the coordinator aborted
+        on a timeout or a new InitProducerId) fences the older ones here and starts the
+        sequences again."""
+        if epoch > ps.epoch:
+            ps.epoch = epoch
+            ps.batches.clear()
+
+    def write_marker(
+        self, name: str, producer_id: int, epoch: int, commit: bool, coordinator_epoch: int = 0
+    ) -> tuple[int, str | None]:
+        """Append the COMMIT or ABORT marker of ``producer_id``'s transaction to the
+        partition that is luxun topic ``name``: ``(error, message)``. A partition deleted
+        meanwhile answers NONE (nothing is left to mark)."""
+        topic, partition = partition_of(name)
+        for _attempt in range(3):
+            part = self._partition(topic, partition)
+            if part is None:
+                return NONE, None
+            state = self._state(part.name)
+            try:
+                with state.lock:
+                    queue = part.queue
+                    if not state.rebuilt:
+                        self._rebuild_producers(queue, state)
+                    now = int(time.time() * 1000)
+                    batch = control_batch(producer_id, epoch, commit, coordinator_epoch, now)
+                    part, first = self.topics.append(
+                        part.name, [batch], [1], KIND_KAFKA_BATCH, create=False, call="Kafka transaction marker"
+                    )
+                    queue = part.queue
+                    self._index_times(part.name, state, queue, first, [now])
+                    offset = queue.first_offset(first)
+                    ps = state.producers.setdefault(producer_id, _ProducerState(epoch))
+                    self._marker_epoch(ps, epoch)
+                    self._txns(state, queue).end(producer_id, offset, commit)
+                    return NONE, None
+            except ArrayClosedError:
+                continue
+            except UnknownTopicError:
+                return NONE, None
+            except (TopicStorageError, OSError) as exc:
+                return KAFKA_STORAGE_ERROR, f"cannot write the transaction marker to {name!r}: {exc}"
+        return KAFKA_STORAGE_ERROR, f"cannot write the transaction marker to {name!r}: the partition keeps closing"
+
+    def _committed_view(self, part: Topic) -> tuple[int, TxnIndex]:
+        """``(last stable offset, txn index)`` of a partition, for read_committed."""
+        state = self._state(part.name)
+        with state.lock:
+            queue = part.queue
+            if not state.rebuilt:
+                self._rebuild_producers(queue, state)
+            txns = self._txns(state, queue)
+            txns.trim(queue.log_start_offset)
+            return txns.last_stable_offset(queue.next_offset), txns
 
     @staticmethod
     def _times(state: _PartitionState, queue: Any) -> TimeIndex:
@@ -529,12 +615,21 @@ class KafkaLog:
             times.invalidate()
             _limited.warning("time-index", "time index of %r not extended: %s: %s", name, type(exc).__name__, exc)
 
-    @staticmethod
-    def _check_sequences(state: _PartitionState, batches: Sequence[Any]) -> ProduceResult | None:
-        """A duplicate of a stored batch (its result), a sequence error, or None."""
+    def _check_sequences(self, state: _PartitionState, batches: Sequence[Any], name: str) -> ProduceResult | None:
+        """A duplicate of a stored batch (its result), a sequence error, a transactional
+        batch its transaction does not allow here, or None."""
         for b in batches:
             if b.producer_id < 0:
                 continue
+            if b.attributes & _TRANSACTIONAL:
+                check = self.transactions
+                refusal = (
+                    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are off on this broker")
+                    if check is None
+                    else check(b.producer_id, b.producer_epoch, name)
+                )
+                if refusal is not None:
+                    return ProduceResult(error=refusal[0], message=refusal[1])
             ps = state.producers.get(b.producer_id)
             if ps is None:
                 continue
@@ -555,11 +650,13 @@ class KafkaLog:
                     )
         return None
 
-    @staticmethod
-    def _rebuild_producers(array: Any, state: _PartitionState) -> None:
-        """Producer sequences of the partition's last batches (after a restart); ``array``:
+    def _rebuild_producers(self, array: Any, state: _PartitionState) -> None:
+        """Producer sequences of the partition's last batches (after a restart), and its
+        transactions (the txn index, and the batches after its last record); ``array``:
         the partition's queue."""
         state.rebuilt = True
+        txns = self._txns(state, array)
+        txns.load(array.log_start_offset, array.next_offset)
         head, tail = array.head, array.tail
         start = max(tail, head - _REBUILD_ITEMS)
         if start >= head:
@@ -570,10 +667,16 @@ class KafkaLog:
             for i in range(head - start):
                 if int(kinds[i]) != KIND_KAFKA_BATCH:
                     continue
-                header = rec.split_batches(array.get(start + i), from_client=False)[0]
+                data = array.get(start + i)
+                header = rec.split_batches(data, from_client=False)[0]
                 if header.producer_id < 0:
                     continue
+                kind = control_type(rec.batch_records(data)[0].key) if header.control else None
+                txns.replay(first_offsets[i], header.producer_id, header.transactional, kind)
                 ps = state.producers.setdefault(header.producer_id, _ProducerState(header.producer_epoch))
+                if header.control:
+                    self._marker_epoch(ps, header.producer_epoch)
+                    continue
                 ps.epoch = max(ps.epoch, header.producer_epoch)
                 ps.batches.append(
                     (header.base_sequence, header.base_sequence + header.record_count - 1, first_offsets[i])
@@ -583,19 +686,30 @@ class KafkaLog:
 
     # -- reading -----------------------------------------------------------------------
     def fetch(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, at_least_one: bool = True
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        *,
+        at_least_one: bool = True,
+        isolation: int = 0,
     ) -> FetchResult:
         """Record batches from ``offset`` on, about ``max_bytes``: at least one batch when
         ``at_least_one`` (KIP-74's first non-empty partition of a Fetch), else only
-        batches that fit (none when the first does not)."""
+        batches that fit (none when the first does not). ``isolation`` READ_COMMITTED:
+        only below the last stable offset, with the aborted transactions among them."""
         for _attempt in range(3):
-            idle = self._idle_end(topic, partition, offset)
-            if idle is not None:
-                return idle
+            if isolation != READ_COMMITTED:
+                idle = self._idle_end(topic, partition, offset)
+                if idle is not None:
+                    return idle
             try:
                 part = self._partition(topic, partition)
                 if part is None:
                     return FetchResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+                if isolation == READ_COMMITTED:
+                    return self._read_committed(part, offset, max_bytes, at_least_one)
                 return self._read(part, offset, max_bytes, at_least_one)
             except ArrayClosedError:
                 continue
@@ -615,15 +729,33 @@ class KafkaLog:
             return None
         return FetchResult(high_watermark=ends[1], log_start_offset=ends[0], records=b"")
 
-    def _read(self, part: Topic, offset: int, max_bytes: int, at_least_one: bool) -> FetchResult:
+    def _read_committed(self, part: Topic, offset: int, max_bytes: int, at_least_one: bool) -> FetchResult:
+        """A read_committed read: below the last stable offset, with the aborted
+        transactions overlapping what is returned."""
+        lso, txns = self._committed_view(part)
+        result = self._read(part, offset, max_bytes, at_least_one, lso)
+        result.last_stable_offset = min(lso, result.high_watermark)
+        if result.records:
+            result.aborted = txns.aborted_between(offset, lso)
+        return result
+
+    def _read(
+        self, part: Topic, offset: int, max_bytes: int, at_least_one: bool, stable: int | None = None
+    ) -> FetchResult:
         array = part.queue
         start, end = array.log_start_offset, array.next_offset
         if offset < start or offset > end:
             return FetchResult(error=OFFSET_OUT_OF_RANGE, high_watermark=end, log_start_offset=start)
-        if offset == end or (max_bytes <= 0 and not at_least_one):
+        visible = end if stable is None else min(stable, end)
+        if offset >= visible or (max_bytes <= 0 and not at_least_one):
             return FetchResult(high_watermark=end, log_start_offset=start, records=b"")
         index = array.find_offset(offset)
-        lengths, blob = array.read_range_blob(index, max_bytes=max(1, max_bytes))
+        if visible < end:  # read_committed: the items below the last stable offset
+            lengths, blob = array.read_range_blob(
+                index, max_items=array.find_offset(visible) - index, max_bytes=max(1, max_bytes)
+            )
+        else:
+            lengths, blob = array.read_range_blob(index, max_bytes=max(1, max_bytes))
         if not at_least_one and len(lengths) and int(lengths[0]) > max_bytes:  # does not fit: none
             return FetchResult(high_watermark=end, log_start_offset=start, records=b"")
         count = len(lengths)
@@ -671,7 +803,7 @@ class KafkaLog:
             i = j
         return b"".join(parts)
 
-    def list_offset(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
+    def list_offset(self, topic: str, partition: int, timestamp: int, isolation: int = 0) -> tuple[int, int, int]:
         """``(error, offset, timestamp)`` for ListOffsets, as Kafka's broker answers: -1
         latest, -2 earliest (timestamp -1), -3 the record with the largest timestamp
         (KIP-734: the first such), else the first record whose timestamp is >= the
@@ -685,6 +817,8 @@ class KafkaLog:
             if part is None:
                 return UNKNOWN_TOPIC_OR_PARTITION, -1, -1
             try:
+                if timestamp == -1 and isolation == READ_COMMITTED:
+                    return NONE, self._committed_view(part)[0], -1
                 return self._list_offset(part, timestamp)
             except (ArrayClosedError, IndexOutOfRangeError):
                 continue  # closed to make room, or retention took the item found: look again

@@ -37,6 +37,8 @@ _FETCH_V4: Final = struct.Struct(">ihqq")
 # ... and log start offset (v5+)
 _FETCH_V5: Final = struct.Struct(">ihqqq")
 _NO_TAGS: Final = b"\0"
+# producer id, first offset (an aborted transaction)
+_ABORTED: Final = struct.Struct(">qq")
 
 
 class ProducePartition(NamedTuple):
@@ -57,6 +59,8 @@ class FetchPartition(NamedTuple):
     last_stable_offset: int
     log_start_offset: int
     records: Any  # bytes-like, or None
+    #: (producer id, first offset) of aborted transactions (read_committed); None: null.
+    aborted: Sequence[tuple[int, int]] | None = None
 
 
 def _uvarint(n: int) -> bytes:
@@ -127,7 +131,14 @@ def fetch_response(version: int, topics: Sequence[tuple[str, Sequence[FetchParti
                 )
             else:
                 head += _FETCH_V4.pack(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset)
-            head += b"\0" if flexible else b"\xff\xff\xff\xff"  # aborted_transactions: null
+            if p.aborted is None:
+                head += b"\0" if flexible else b"\xff\xff\xff\xff"  # aborted_transactions: null
+            else:
+                head += _array_len(len(p.aborted), flexible)
+                for pid, first in p.aborted:
+                    head += _ABORTED.pack(pid, first)
+                    if flexible:
+                        head += _NO_TAGS
             if version >= 11:
                 head += b"\xff\xff\xff\xff"  # preferred_read_replica: -1
             records = p.records

@@ -1,12 +1,11 @@
 """Idempotent producers: confluent-kafka's exactly-once delivery, a retried Produce
-answered with the first one's offset and not stored twice, a sequence gap refused;
-transactions refused with a clear error."""
+answered with the first one's offset and not stored twice, a sequence gap refused
+(transactions: test_transactions.py)."""
 
 from __future__ import annotations
 
 import datetime
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -66,28 +65,6 @@ def test_a_retried_produce_is_answered_with_the_first_offset_and_stored_once(bro
         assert send([b"c0"], 5) == (0, 5)
     got = read_partition(broker.bootstrap, "retry", 0, 6)
     assert [(m.offset(), m.value()) for m in got] == list(enumerate([b"a0", b"a1", b"a2", b"b0", b"b1", b"c0"]))
-
-
-def test_transactions_are_refused_clearly_and_the_broker_keeps_serving(broker: BrokerProcess) -> None:
-    from confluent_kafka import KafkaException, Producer
-
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx-1"})
-    t0 = time.monotonic()
-    with pytest.raises(KafkaException) as info:
-        producer.init_transactions(10)
-    assert time.monotonic() - t0 < 10, "refused at once, not by the client's timeout"
-    error = info.value.args[0]
-    assert not error.retriable(), error
-    assert "coordinator" in error.str() or "transaction" in error.str().lower(), error
-    del producer
-    # The broker still serves a plain producer.
-    from confluent_kafka import Producer as Plain
-
-    plain = Plain({"bootstrap.servers": broker.bootstrap})
-    plain.produce("after-tx", value=b"ok")
-    assert plain.flush(10) == 0
-    assert [m.value() for m in read_partition(broker.bootstrap, "after-tx", 0, 1)] == [b"ok"]
-    assert broker.proc is not None and broker.proc.poll() is None
 
 
 def test_a_retry_after_a_broker_restart_is_still_recognised(tmp_path: Path) -> None:

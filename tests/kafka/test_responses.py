@@ -59,6 +59,8 @@ FETCH_TOPICS = [
             FetchPartition(1, 0, 5, 5, 5, b""),
             FetchPartition(2, 1, 9, 9, 3, None),
             FetchPartition(3, 0, 1 << 40, 1 << 40, 7, bytearray(b"\x02" * 200)),
+            FetchPartition(4, 0, 50, 20, 0, b"\x03" * 80, [(7, 3), (1 << 40, 12)]),
+            FetchPartition(5, 0, 50, 50, 0, b"", []),
         ],
     ),
     ("other", [FetchPartition(0, 3, -1, -1, -1, None)]),
@@ -83,7 +85,9 @@ def test_fetch_response_is_kios_encoding(version: int) -> None:
                         "high_watermark": p.high_watermark,
                         "last_stable_offset": p.last_stable_offset,
                         "log_start_offset": p.log_start_offset,
-                        "aborted_transactions": None,
+                        "aborted_transactions": None
+                        if p.aborted is None
+                        else [{"producer_id": pid, "first_offset": first} for pid, first in p.aborted],
                         "preferred_read_replica": -1,
                         "records": None if p.records is None else bytes(p.records),
                     }
