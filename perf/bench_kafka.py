@@ -25,6 +25,9 @@ batch       confluent-kafka producer, 100 B records, ``batch.size`` 195, 1387, 8
             56769 bytes (Table 10.3 of the HMB thesis, ../shared/seeds/003_4ad83c588116fe9a.txt)
 size        confluent-kafka producer, records of 10 B .. 100 KB, ``batch.size`` 12800 bytes
             (Table 10.5 of the thesis)
+txn         confluent-kafka producer per record size (``--sizes``): plain, idempotent
+            (``enable.idempotence``) and transactional (``transactional.id``, a commit
+            every ``--txn-records`` records, 1000 by default), side by side
 ==========  ==========================================================================
 
 The thesis measured TCP throughput with Wireshark (record and request overhead included)
@@ -82,7 +85,7 @@ from _common import (  # noqa: E402
 MB = 1_000_000
 MIB = 1 << 20
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "bench_kafka.json"
-PARTS = ("floor", "main", "batch", "size")
+PARTS = ("floor", "main", "batch", "size", "txn")
 CLIENTS = ("confluent", "kafka-python", "thrift")
 SETUP_TIMEOUT_S = 60.0
 #: confluent-kafka consumer's fetch.queue.backoff.ms (librdkafka's default: 1000).
@@ -289,6 +292,10 @@ def payload(size: int) -> list[bytes]:
 
 def confluent_producer_config(spec: dict[str, Any]) -> dict[str, Any]:
     conf: dict[str, Any] = {"bootstrap.servers": spec["bootstrap"], "queue.buffering.max.kbytes": 1 << 20}
+    if spec["client"] == "confluent-idempotent":
+        conf["enable.idempotence"] = True
+    elif spec["client"] == "confluent-txn":
+        conf["transactional.id"] = "bench-txn"
     if spec.get("batch_bytes"):
         conf["batch.size"] = spec["batch_bytes"]
     if spec["size"] > 900_000:
@@ -317,6 +324,26 @@ def _produce_confluent(producer: Any, topic: str, pool: list[bytes], count: int,
     return n, "count"
 
 
+def _transactions_of(records: int, counter: list[int]) -> Any:
+    """A confluent-kafka send loop that commits a transaction every ``records`` records
+    (``counter[0]`` counts the transactions: each stores one marker)."""
+
+    def loop(producer: Any, topic: str, pool: list[bytes], count: int, seconds: float) -> tuple[int, str]:
+        deadline = time.perf_counter() + seconds
+        n = 0
+        while n < count:
+            if time.perf_counter() >= deadline:
+                return n, "time"
+            producer.begin_transaction()
+            sent, _ = _produce_confluent(producer, topic, pool, min(records, count - n), SETUP_TIMEOUT_S)
+            producer.commit_transaction(SETUP_TIMEOUT_S)
+            counter[0] += 1
+            n += sent
+        return n, "count"
+
+    return loop
+
+
 def _produce_kafka_python(producer: Any, topic: str, pool: list[bytes], count: int, seconds: float) -> tuple[int, str]:
     send = producer.send
     npool = len(pool)
@@ -339,11 +366,15 @@ def producer_main(spec: dict[str, Any], results: Any) -> None:
         pool = payload(spec["size"])
         topic = spec["topic"]
         drain = spec["drain_seconds"]
-        if spec["client"] == "confluent":
+        transactions = [0]
+        if spec["client"].startswith("confluent"):
             from confluent_kafka import Producer
 
             producer = Producer(confluent_producer_config(spec))
             loop = _produce_confluent
+            if spec["client"] == "confluent-txn":
+                producer.init_transactions(SETUP_TIMEOUT_S)
+                loop = _transactions_of(spec["txn_records"], transactions)
 
             def flush(timeout: float) -> bool:
                 return int(producer.flush(timeout)) == 0
@@ -390,6 +421,7 @@ def producer_main(spec: dict[str, Any], results: Any) -> None:
             send_loop_s=t_sent - t0,
             cpu_s=cpu1 - cpu0,
             broker_cpu_s=None if broker0 is None or broker1 is None else broker1 - broker0,
+            transactions=transactions[0],
         )
     except BaseException as exc:
         out["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
@@ -572,10 +604,10 @@ def kafka_producer_cell(
     cell = Cell(part, client, "producer", size, batch_bytes, broker=tree[0])
     with kafka_broker(args.data_dir, tree[1]) as b:
         topic = f"bench-{size}"
-        spec = kafka_spec(args, b, client, size, topic) | {"batch_bytes": batch_bytes}
+        spec = kafka_spec(args, b, client, size, topic) | {"batch_bytes": batch_bytes, "txn_records": args.txn_records}
         p = run_child(producer_main, spec, timeout_of(args))
         stats = b.topic_stats(topic)
-    stored = stats.get("items_in", 0) - p["warm"]
+    stored = stats.get("items_in", 0) - p["warm"] - p["transactions"]  # each transaction adds its marker
     stopped = p["stopped_by"]
     if stored != p["sent"]:
         stopped += f" (broker stored {stored} of {p['sent']})"
@@ -685,6 +717,8 @@ def log_cell(c: Cell) -> None:
 # -- the report ---------------------------------------------------------------------------
 CLIENT_NAMES = {
     "confluent": "confluent-kafka",
+    "confluent-idempotent": "confluent idemp.",
+    "confluent-txn": "confluent txn",
     "kafka-python": "kafka-python",
     "thrift": "luxun Thrift",
 }
@@ -731,20 +765,26 @@ def render(machine: dict[str, Any], args: argparse.Namespace, cells: list[Cell],
             lines.append(f"{b}{f['what']:32} {f['cpu_us']:15.1f} {fmt_rate(f['records_per_cpu_s']):>14}")
         lines.append("")
     main = [c for c in cells if c.part == "main"]
+
+    def main_row(c: Cell) -> str:
+        wire = "-" if c.wire_mb_per_s is None else f"{c.wire_mb_per_s:.1f}"
+        return (
+            f"{broker_col(c)}{CLIENT_NAMES[c.client]:16} {c.role:9} {fmt_size(c.size):>6} "
+            f"{fmt_rate(c.records_per_s):>11} {c.mb_per_s:8.1f} {wire:>10} {fmt_cpu(c.client_cpu):>10} "
+            f"{fmt_cpu(c.broker_cpu):>10} {fmt_us(c.broker_us_per_record):>13}  {c.stopped_by}"
+        )
+
+    main_head = (
+        f"{broker_head}{'client':16} {'role':9} {'size':>6} {'records/s':>11} {'MB/s':>8} {'wire MB/s':>10} "
+        f"{'client CPU':>10} {'broker CPU':>10} {'broker us/rec':>13}  stopped by"
+    )
     if main:
         lines += [
             "main: records of 100 B and 1 KB (client CPU, broker CPU: CPU seconds per wall second; "
             "broker us/rec: broker CPU microseconds per record)",
-            f"{broker_head}{'client':16} {'role':9} {'size':>6} {'records/s':>11} {'MB/s':>8} {'wire MB/s':>10} "
-            f"{'client CPU':>10} {'broker CPU':>10} {'broker us/rec':>13}  stopped by",
+            main_head,
         ]
-        for c in main:
-            wire = "-" if c.wire_mb_per_s is None else f"{c.wire_mb_per_s:.1f}"
-            lines.append(
-                f"{broker_col(c)}{CLIENT_NAMES[c.client]:16} {c.role:9} {fmt_size(c.size):>6} "
-                f"{fmt_rate(c.records_per_s):>11} {c.mb_per_s:8.1f} {wire:>10} {fmt_cpu(c.client_cpu):>10} "
-                f"{fmt_cpu(c.broker_cpu):>10} {fmt_us(c.broker_us_per_record):>13}  {c.stopped_by}"
-            )
+        lines += [main_row(c) for c in main]
         lines += [
             "  confluent-kafka: librdkafka defaults (batch.size 1 MB, linger.ms 5, acks all; the consumer with "
             f"fetch.queue.backoff.ms {FETCH_QUEUE_BACKOFF_MS}, not 1000); kafka-python: "
@@ -752,6 +792,15 @@ def render(machine: dict[str, Any], args: argparse.Namespace, cells: list[Cell],
             "packs of 1000) and StreamConsumer (1 MiB fetches), perf/bench_clients.py's code",
             "",
         ]
+    txn = [c for c in cells if c.part == "txn"]
+    if txn:
+        lines += [
+            f"txn: confluent-kafka producer plain, idempotent, transactional (a commit every {args.txn_records} "
+            "records; records/s counts data records, not the markers)",
+            main_head,
+        ]
+        lines += [main_row(c) for c in txn]
+        lines.append("")
     for part, seed, variable, title in (
         ("batch", SEED_BATCH, "batch_bytes", "batch-size sweep: confluent-kafka producer, 100 B records (Table 10.3)"),
         (
@@ -834,6 +883,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", default="100,1000", help="main part's record sizes (default 100,1000)")
     for name, (full, quick) in BUDGETS.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(full), help=f"default {full:g}; --quick {quick:g}")
+    p.add_argument("--txn-records", type=int, default=1000, help="txn part: records per transaction (default 1000)")
     p.add_argument("--data-dir", type=Path, help="where the brokers' temporary data dirs go (default: /tmp)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
     p.add_argument("--quick", action="store_true", help="short smoke run: small budgets")
@@ -907,6 +957,10 @@ def main(argv: list[str] | None = None) -> int:
         if "batch" in args.parts:
             for batch in SEED_BATCH:
                 each_tree(lambda t, batch=batch: kafka_producer_cell(args, "batch", "confluent", 100, batch, t))
+        if "txn" in args.parts:
+            for size in args.sizes:
+                for client in ("confluent", "confluent-idempotent", "confluent-txn"):
+                    each_tree(lambda t, size=size, c=client: kafka_producer_cell(args, "txn", c, size, None, t))
         if "size" in args.parts:
             for size in SEED_SIZE:
                 each_tree(
