@@ -4,8 +4,11 @@ transaction timers."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests._broker import BrokerProcess
 
@@ -15,6 +18,16 @@ def txn_broker(tmp_path: Path, *extra: str) -> BrokerProcess:
     config = tmp_path / "server.properties"
     config.write_text("transaction.abort.timed.out.transaction.cleanup.interval.ms=200\n")
     return BrokerProcess(tmp_path / "data", tmp_path / "broker.log", "--config", str(config), *extra, kafka=True)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A :func:`txn_broker`, started, stopped after the test (import it into a test module)."""
+    b = txn_broker(tmp_path).start()
+    try:
+        yield b
+    finally:
+        b.stop()
 
 
 def read_all(

@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +23,9 @@ from ._kafka import (
     produce_request,
     request,
 )
-from ._txn import read_all, transactional_producer, txn_broker, values
+from ._txn import broker, read_all, transactional_producer, values
+
+__all__ = ["broker"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,15 +33,6 @@ INVALID_TXN_STATE = 48
 INVALID_TRANSACTION_TIMEOUT = 50
 INVALID_PRODUCER_ID_MAPPING = 49
 PRODUCER_FENCED = 90
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = txn_broker(tmp_path).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def test_read_committed_sees_committed_records_and_never_aborted_ones(broker: BrokerProcess) -> None:

@@ -5,25 +5,16 @@ and its read_committed consumer, against a real broker."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests._broker import BrokerProcess
 
-from ._txn import read_all, txn_broker, values
+from ._txn import broker, read_all, values
+
+__all__ = ["broker"]  # the fixture
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = txn_broker(tmp_path).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 class _Abort(Exception):
