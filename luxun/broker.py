@@ -294,6 +294,7 @@ class Broker:
             id_expiration_ms=config.transactional_id_expiration_ms,
             abort_check_interval_ms=config.transaction_abort_check_interval_ms,
             max_transactional_ids=config.max_transactional_ids,
+            acls=self.kafka_acls,
         )
         self.kafka_transactions.recover()  # finishes what a crash interrupted
         self.kafka_handler = KafkaHandler(

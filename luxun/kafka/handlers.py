@@ -407,7 +407,10 @@ class KafkaHandler:
 
     # -- Produce -----------------------------------------------------------------------
     def produce(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
-        if request.transactional_id is not None and self.transactions is None:
+        tid = request.transactional_id
+        if tid is not None and (
+            self.transactions is None or not self._may(session, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid)
+        ):
             err = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             refused = [
                 (t.name, [ProducePartition(p.index, err, -1, -1, -1, None) for p in t.partition_data])

@@ -43,8 +43,8 @@ Producer ids come from :meth:`KafkaLog.next_producer_id` (the idempotent produce
 counter, which starts at each start above every id handed out before), so the two kinds
 never collide.
 
-With SASL on, any logged-in user may use transactions (:func:`_authorize` is the one
-place per request where an authorizer would check WRITE on the TRANSACTIONAL_ID).
+With SASL on, a transactional id needs WRITE on its TRANSACTIONAL_ID (ACLs,
+:mod:`.acls`; answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED), checked once per request.
 
 Thread-safety: every method may be called from any connection's thread. Each
 transactional id has a lock, held while its markers are written (which take the
@@ -72,6 +72,7 @@ from ..config import (
     DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
 )
 from ..partitions import partition_of, partition_topic
+from .acls import Authorizer, Operation, ResourceType
 from .log import KafkaLog
 from .membership import ms_of
 from .offsets import OffsetStore
@@ -260,7 +261,10 @@ class TransactionCoordinator:
         abort_check_interval_ms: int = DEFAULT_TRANSACTION_ABORT_CHECK_INTERVAL_MS,
         max_transactional_ids: int = DEFAULT_MAX_TRANSACTIONAL_IDS,
         clock: Callable[[], float] = time.time,
+        acls: Authorizer | None = None,
     ) -> None:
+        #: With SASL on, the ACLs: a transactional id needs WRITE on its TRANSACTIONAL_ID.
+        self.acls = acls
         self.log = kafka_log
         self.offsets = offsets
         self.max_timeout_ms = max_timeout_ms
@@ -400,6 +404,16 @@ class TransactionCoordinator:
             txn.epoch += 1
         self._epochs[txn.producer_id] = txn.epoch
 
+    def _authorize(self, session: Any, tid: str) -> bool:
+        """Whether ``session`` may use transactional id ``tid``: WRITE on its
+        TRANSACTIONAL_ID (with SASL off, or for a super user, always)."""
+        acls = self.acls
+        return (
+            session is None
+            or acls is None
+            or acls.authorize(session, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid)
+        )
+
     def _init_producer_id(self, request: Any, version: int, session: Any) -> dict[str, Any]:
         tid = request.transactional_id
         timeout_ms = ms_of(request.transaction_timeout)
@@ -409,7 +423,7 @@ class TransactionCoordinator:
 
         if tid == "":
             return error(_E.invalid_request)
-        if not _authorize(session, tid):
+        if not self._authorize(session, tid):
             return error(_E.transactional_id_authorization_failed)
         if not 0 < timeout_ms <= self.max_timeout_ms:
             return error(_E.invalid_transaction_timeout)
@@ -444,7 +458,7 @@ class TransactionCoordinator:
 
     def _check(self, tid: str, producer_id: int, session: Any) -> _Txn:
         """The transaction of a request, its lock NOT held; raises :class:`_Refused`."""
-        if not _authorize(session, tid):
+        if not self._authorize(session, tid):
             raise _Refused(_E.transactional_id_authorization_failed)
         txn = self._txns.get(tid)
         if txn is None or txn.producer_id != producer_id:
@@ -638,9 +652,3 @@ def _fenced(version: int, fenced_since: int | None) -> ErrorCode:
     if fenced_since is not None and version >= fenced_since:
         return _E.producer_fenced
     return _E.invalid_producer_epoch
-
-
-def _authorize(session: Any, tid: str) -> bool:
-    """Whether ``session`` may use transactional id ``tid``: any logged-in user (or any
-    client with SASL off). An authorizer would check WRITE on TRANSACTIONAL_ID ``tid`` here."""
-    return True

@@ -372,3 +372,43 @@ def test_a_scram_credential_added_by_the_api_logs_in_until_it_is_deleted(acl_bro
         assert raw.call(request(17, 1, mechanism="PLAIN")).error_code == 0
         assert raw.call(request(36, 2, auth_bytes=b"\0dave\0dave-secret")).error_code == SASL_AUTHENTICATION_FAILED
     assert "dave user \n" in _kafka_user(users, "list").stdout  # the line (and its role) stays, no credential
+
+
+def test_a_transactional_id_needs_write_on_it(acl_broker: BrokerProcess) -> None:
+    """init_transactions is refused until the user may WRITE the TRANSACTIONAL_ID (and
+    IDEMPOTENT_WRITE the cluster, as Kafka); then a transaction commits to the topic."""
+    alice = _admin(acl_broker, ALICE)
+    topic, tid = "txn-acl-orders", "txn-acl-app"
+    _create_topic(alice, topic)
+    _create_acls(
+        alice,
+        _binding(topic, "User:bob", AclOperation.WRITE),
+        _binding("kafka-cluster", "User:bob", AclOperation.IDEMPOTENT_WRITE, rtype=ResourceType.BROKER),
+    )
+    settings = _confluent(acl_broker, "SCRAM-SHA-256", BOB) | {"transactional.id": tid}
+    producer = Producer(settings)
+    with pytest.raises(KafkaException) as refused:
+        producer.init_transactions(15)
+    assert refused.value.args[0].name() == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+    _create_acls(alice, _binding(tid, "User:bob", AclOperation.WRITE, rtype=ResourceType.TRANSACTIONAL_ID))
+    producer = Producer(settings)
+    producer.init_transactions(15)
+    producer.begin_transaction()
+    producer.produce(topic, b"in a transaction")
+    producer.commit_transaction(15)
+    _create_acls(alice, _binding(topic, "User:bob", AclOperation.READ),
+                 _binding("txn-acl-readers", "User:bob", AclOperation.READ, rtype=ResourceType.GROUP))  # fmt: skip
+    consumer = Consumer(
+        _confluent(acl_broker, "PLAIN", BOB)
+        | {"group.id": "txn-acl-readers", "auto.offset.reset": "earliest", "isolation.level": "read_committed"}
+    )
+    try:
+        consumer.subscribe([topic])
+        deadline, got = time.monotonic() + 15, None
+        while got is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got = msg.value()
+        assert got == b"in a transaction"
+    finally:
+        consumer.close()
