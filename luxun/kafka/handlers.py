@@ -44,6 +44,7 @@ from ..logs import RateLimitedLog
 from ..metrics import Metrics
 from ..net import DEFAULT_MAX_BUFFERED_BYTES, OutputBudget
 from . import protocol as P
+from .admin import KafkaAdmin
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
 from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
 from .sasl import AuthenticationFailed, Authenticator, SaslSession
@@ -66,6 +67,7 @@ DESCRIBE_CONFIGS: Final = 32
 SASL_AUTHENTICATE: Final = 36
 DELETE_GROUPS: Final = 42
 DESCRIBE_CLUSTER: Final = 60
+CREATE_PARTITIONS: Final = 37
 
 #: The versions served of the APIs this module answers: min, max.
 VERSIONS: Final[dict[int, tuple[int, int]]] = {
@@ -81,6 +83,7 @@ VERSIONS: Final[dict[int, tuple[int, int]]] = {
     DESCRIBE_CLUSTER: (0, 1),
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),
+    CREATE_PARTITIONS: (0, 3),
 }
 
 UNSUPPORTED_VERSION: Final = 35
@@ -172,6 +175,8 @@ class KafkaHandler:
             SASL_HANDSHAKE: self.sasl_handshake,
             SASL_AUTHENTICATE: self.sasl_authenticate,
         }
+        self.admin = KafkaAdmin(kafka_log, node_id=node_id, metrics=self.metrics)
+        self._methods[CREATE_PARTITIONS] = self.admin.create_partitions
         self._flexible: dict[tuple[int, int], bool] = {}
 
     # -- frames ------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from bigarray import ArrayClosedError, IndexOutOfRangeError, InvalidNameError, I
 from bigarray import format as fmt
 
 from .. import records as rec
+from ..files import replace_file
 from ..logs import RateLimitedLog
 from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
 from ..topics import (
@@ -202,6 +203,8 @@ class KafkaLog:
         self._states_lock = threading.Lock()
         self._producer_ids = int(time.time() * 1000) << 10
         self._producer_lock = threading.Lock()
+        #: Held while a topic's settings change (partitions added, configs altered).
+        self._alter_lock = threading.Lock()
         topics.add_delete_listener(self._forget)
 
     def _forget(self, name: str) -> None:
@@ -230,9 +233,7 @@ class KafkaLog:
             # Being created (or its creation was interrupted): not a topic yet. Checked
             # before reading kafka.json, which replaces the .tmp in one rename.
             return None
-        settings: dict[str, Any] = {}
-        with contextlib.suppress(ValueError, OSError), open(path, encoding="utf-8") as f:
-            settings = json.load(f)
+        settings = self._read_settings(topic)
         try:
             topic_id = uuid.UUID(str(settings["topic_id"]))
         except (KeyError, ValueError):
@@ -396,6 +397,95 @@ class KafkaLog:
             log.exception("removing the directory of the refused topic %r failed", topic)
             return
         shutil.rmtree(trash, ignore_errors=True)
+
+    def _read_settings(self, topic: str) -> dict[str, Any]:
+        """The topic's ``kafka.json`` as a dict (empty: none, or unreadable)."""
+        with contextlib.suppress(ValueError, OSError), open(self._settings_path(topic), encoding="utf-8") as f:
+            settings = json.load(f)
+            return settings if isinstance(settings, dict) else {}
+        return {}
+
+    def write_settings(self, topic: str, info: TopicInfo, **changes: Any) -> None:
+        """Replace the topic's ``kafka.json`` by ``info``'s settings with ``changes``,
+        crash-safely (:func:`luxun.files.replace_file`: after a crash the file is the old
+        one or the new one, whole). Forgets the cached info.
+
+        Raises:
+            OSError: the disk refused (the old settings stay).
+        """
+        settings = self._read_settings(topic)
+        settings.update(
+            partitions=info.partitions,
+            topic_id=str(info.topic_id),
+            timestamp_type=info.timestamp_type,
+            configs=dict(info.configs),
+        )
+        settings.update(changes)
+        replace_file(self._settings_path(topic), json.dumps(settings).encode())
+        with self._infos_lock:
+            self._infos.pop(topic, None)
+
+    def add_partitions(
+        self, topic: str, count: int, *, validate_only: bool = False, reserved: int = 0
+    ) -> tuple[int, str | None]:
+        """Grow ``topic`` to ``count`` partitions (Kafka's CreatePartitions): ``(error
+        code, message)``. Checked as Kafka's broker checks (the topic exists, ``count``
+        is more than today's, at most 10000 as at creation), then ``max.topics`` (each new
+        partition is a luxun topic; ``reserved``: as in :meth:`create`); with
+        ``validate_only`` nothing is made.
+
+        Crash-safe like a creation: the new partitions ``T~n..T~count-1`` are made
+        (empty) first, then ``kafka.json`` is rewritten with the new count
+        (:meth:`write_settings`): Kafka clients see them from then on. A crash between
+        leaves empty partitions beyond the count in ``kafka.json``, which
+        :func:`remove_interrupted_creations` removes at the next start.
+        """
+        with self._alter_lock:
+            info = self.describe(topic)
+            if info is None:
+                return UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{topic}' does not exist."
+            if count < info.partitions:
+                return INVALID_PARTITIONS, (
+                    f"Topic currently has {info.partitions} partitions, which is higher than the requested {count}."
+                )
+            if count == info.partitions:
+                return INVALID_PARTITIONS, f"Topic already has {info.partitions} partitions."
+            if count > 10_000:
+                return INVALID_PARTITIONS, f"at most 10000 partitions per topic, not {count}"
+            added = count - info.partitions
+            limit, held = self.topics.max_topics, self.topics.count() + reserved
+            if limit > 0 and held + added > limit:
+                return POLICY_VIOLATION, (
+                    f"cannot add {added} partition(s) to topic {topic!r}: the broker holds {held} of "
+                    f"max.topics={limit} topics (each partition is one)"
+                )
+            if validate_only:
+                return NONE, None
+            made: list[str] = []
+            try:
+                for p in range(info.partitions, count):
+                    name = partition_topic(topic, p)
+                    existed = self.topics.known(name)
+                    self.topics.get_or_create(name)
+                    if not existed:
+                        made.append(name)
+                self.write_settings(topic, info, partitions=count)
+            except (TopicLimitError, InvalidNameError) as exc:
+                self._undo_partitions(topic, made)
+                return POLICY_VIOLATION, str(exc)
+            except (OSError, TopicStorageError) as exc:
+                self._undo_partitions(topic, made)
+                log.warning("cannot add partitions to topic %r: %s", topic, exc)
+                return KAFKA_STORAGE_ERROR, f"cannot add partitions to topic {topic!r}: {exc}"
+        log.info("topic %r now has %d partitions (was %d, Kafka CreatePartitions)", topic, count, info.partitions)
+        return NONE, None
+
+    def _undo_partitions(self, topic: str, made: list[str]) -> None:
+        for name in made:
+            try:
+                self.topics.delete(name)
+            except Exception:
+                log.exception("removing partition %r of the refused growth of topic %r failed", name, topic)
 
     def retention_overrides(self, name: str) -> tuple[int | None, int | None]:
         """``retention.ms`` and ``retention.bytes`` given at the creation of the Kafka
@@ -784,7 +874,9 @@ def remove_interrupted_creations(data_dir: str) -> list[str]:
       partition of it stays; otherwise only its ``.tmp`` goes. A ``T`` without a
       ``.tmp`` is a luxun topic of one partition (made by a Thrift produce) and stays.
 
-    A ``kafka.json.tmp`` beside a ``kafka.json`` is removed too.
+    A ``kafka.json.tmp`` beside a ``kafka.json`` is removed too. For a topic with a
+    ``kafka.json`` of ``n`` partitions, each ``T~p`` (p >= n) that never held an item is
+    what an interrupted CreatePartitions made (see :meth:`KafkaLog.add_partitions`) and goes.
     """
     names = sorted(
         e
@@ -802,7 +894,17 @@ def remove_interrupted_creations(data_dir: str) -> list[str]:
 
     leftovers: dict[str, str] = {}
     for topic, parts in partitions.items():
-        if legal_topic_name(topic) is not None or settled(topic):
+        if legal_topic_name(topic) is not None:
+            continue
+        if settled(topic):  # a CreatePartitions interrupted before kafka.json took the new count
+            count = _settled_partitions(os.path.join(data_dir, topic, SETTINGS_FILE))
+            for name in parts:
+                p = partition_of(name)[1]
+                if p >= count and name not in partitions and _never_written(os.path.join(data_dir, name)):
+                    leftovers[name] = (
+                        f"partition {p} of topic {topic!r}, beyond its {count} partitions in {SETTINGS_FILE} "
+                        "(an interrupted CreatePartitions)"
+                    )
             continue
         for name in parts:
             if name not in partitions and _never_written(os.path.join(data_dir, name)):
@@ -840,6 +942,16 @@ def remove_interrupted_creations(data_dir: str) -> list[str]:
         removed.append(name)
         log.info("removed %r at start: %s", name, leftovers[name])
     return removed
+
+
+def _settled_partitions(path: str) -> int:
+    """The partition count in the ``kafka.json`` at ``path`` (as :meth:`KafkaLog.describe`
+    reads it; a huge number when unreadable, so nothing is taken for a leftover)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return max(1, int(json.load(f).get("partitions", 1)))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 1 << 62
 
 
 def _never_written(path: str) -> bool:
