@@ -16,6 +16,7 @@ are serialised in :class:`~luxun.kafka.log.KafkaLog`.
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -25,6 +26,8 @@ from .log import NONE, KafkaLog
 from .sasl import SaslSession
 
 __all__ = ["KafkaAdmin"]
+
+log = logging.getLogger(__name__)
 
 INVALID_REPLICA_ASSIGNMENT: Final = 39
 INVALID_REQUEST: Final = 42
@@ -122,3 +125,22 @@ class KafkaAdmin:
                     f"[{info.partitions + i}] have replication factors [{len(a.broker_ids)}], respectively."
                 )
         return NONE, None
+
+    # -- DeleteRecords -----------------------------------------------------------------
+    def delete_records(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        """Each partition's log start moved on its own (:meth:`KafkaLog.delete_records`)."""
+        why = refused(session, "delete records")
+        topics = []
+        for t in request.topics:
+            parts = []
+            for p in t.partitions:
+                message: str | None
+                if why is not None:
+                    code, low, message = TOPIC_AUTHORIZATION_FAILED, -1, why
+                else:
+                    code, low, message = self.log.delete_records(t.name, p.partition_index, p.offset)
+                if self._counted(code) != NONE and message:
+                    log.debug("DeleteRecords of %s-%d: %s", t.name, p.partition_index, message)
+                parts.append({"partition_index": p.partition_index, "low_watermark": low, "error_code": code})
+            topics.append({"name": t.name, "partitions": parts})
+        return self._response(header, topics=topics)

@@ -68,6 +68,7 @@ SASL_AUTHENTICATE: Final = 36
 DELETE_GROUPS: Final = 42
 DESCRIBE_CLUSTER: Final = 60
 CREATE_PARTITIONS: Final = 37
+DELETE_RECORDS: Final = 21
 
 #: The versions served of the APIs this module answers: min, max.
 VERSIONS: Final[dict[int, tuple[int, int]]] = {
@@ -84,6 +85,7 @@ VERSIONS: Final[dict[int, tuple[int, int]]] = {
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),
     CREATE_PARTITIONS: (0, 3),
+    DELETE_RECORDS: (0, 2),
 }
 
 UNSUPPORTED_VERSION: Final = 35
@@ -177,6 +179,7 @@ class KafkaHandler:
         }
         self.admin = KafkaAdmin(kafka_log, node_id=node_id, metrics=self.metrics)
         self._methods[CREATE_PARTITIONS] = self.admin.create_partitions
+        self._methods[DELETE_RECORDS] = self.admin.delete_records
         self._flexible: dict[tuple[int, int], bool] = {}
 
     # -- frames ------------------------------------------------------------------------

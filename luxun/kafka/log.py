@@ -67,6 +67,7 @@ from ..topics import (
     TopicStorageError,
     UnknownTopicError,
 )
+from .logstart import LogStarts
 from .timeindex import TimeIndex
 from .topic_configs import ConfigProblem, check_topic_configs
 
@@ -205,6 +206,7 @@ class KafkaLog:
         self._producer_lock = threading.Lock()
         #: Held while a topic's settings change (partitions added, configs altered).
         self._alter_lock = threading.Lock()
+        self._starts = LogStarts(topics.data_dir)
         topics.add_delete_listener(self._forget)
 
     def _forget(self, name: str) -> None:
@@ -212,6 +214,7 @@ class KafkaLog:
         partition 0, its topic's settings go with it."""
         with self._states_lock:
             self._states.pop(name, None)
+        self._starts.forget(name)
         topic, partition = partition_of(name)
         if partition == 0:
             with self._infos_lock:
@@ -577,7 +580,7 @@ class KafkaLog:
             self._rebuild_producers(part.queue, state)
         duplicate = self._check_sequences(state, batches)
         if isinstance(duplicate, ProduceResult):
-            duplicate.log_start_offset = part.queue.log_start_offset
+            duplicate.log_start_offset = self.log_start(part)
             return duplicate
         now = int(time.time() * 1000)
         items = [rec.with_log_append_time(b.data, now) if log_append else b.data for b in batches]
@@ -596,7 +599,7 @@ class KafkaLog:
                 ps.batches.append((b.base_sequence, b.base_sequence + b.record_count - 1, offset))
             offset += b.record_count
         return ProduceResult(
-            base_offset=base, log_append_time=now if log_append else -1, log_start_offset=queue.log_start_offset
+            base_offset=base, log_append_time=now if log_append else -1, log_start_offset=self.log_start(part)
         )
 
     @staticmethod
@@ -703,11 +706,12 @@ class KafkaLog:
         info = self.describe(topic)
         if info is None or partition >= info.partitions:
             return None
-        return FetchResult(high_watermark=ends[1], log_start_offset=ends[0], records=b"")
+        start = max(ends[0], min(self._starts.get(partition_topic(topic, partition)), ends[1]))
+        return FetchResult(high_watermark=ends[1], log_start_offset=start, records=b"")
 
     def _read(self, part: Topic, offset: int, max_bytes: int, at_least_one: bool) -> FetchResult:
         array = part.queue
-        start, end = array.log_start_offset, array.next_offset
+        start, end = self.log_start(part), array.next_offset
         if offset < start or offset > end:
             return FetchResult(error=OFFSET_OUT_OF_RANGE, high_watermark=end, log_start_offset=start)
         if offset == end or (max_bytes <= 0 and not at_least_one):
@@ -784,8 +788,9 @@ class KafkaLog:
         queue = part.queue
         if timestamp == -1:
             return NONE, queue.next_offset, -1
+        start = self.log_start(part)
         if timestamp == -2:
-            return NONE, queue.log_start_offset, -1
+            return NONE, start, -1
         state = self._state(part.name)
         with state.lock:  # the index is read and extended by produce under this lock
             times = self._times(state, queue)
@@ -802,12 +807,13 @@ class KafkaLog:
                 return KAFKA_STORAGE_ERROR, -1, -1
         if index is None or target is None:
             return NONE, -1, -1
-        offset, found = self._record_at(queue, index, target)
+        offset, found = self._record_at(queue, index, target, start)
         return NONE, offset, found
 
     @staticmethod
-    def _record_at(queue: Any, index: int, target: int) -> tuple[int, int]:
-        """``(offset, timestamp)`` of the first record of item ``index`` whose timestamp
+    def _record_at(queue: Any, index: int, target: int, start: int = 0) -> tuple[int, int]:
+        """``(offset, timestamp)`` of the first record of item ``index`` at or after
+        ``start`` (the log start: DeleteRecords may put it inside a batch) whose timestamp
         is >= ``target`` (the item's timestamp, as the time index knows it, is). Only
         this one batch is decompressed (bounded: :func:`luxun.records.batch_records`)."""
         first = queue.first_offset(index)
@@ -821,10 +827,74 @@ class KafkaLog:
             return first, int(_I64.unpack_from(data, rec.MAX_TIMESTAMP_OFFSET)[0])
         stored_base = int(_I64.unpack_from(data, 0)[0])
         for r in records:
-            if r.timestamp >= target:
+            if r.timestamp >= target and first + r.offset - stored_base >= start:
                 return first + r.offset - stored_base, r.timestamp
         # a header whose maxTimestamp no record has: its first record, as it claims
         return first, int(_I64.unpack_from(data, rec.MAX_TIMESTAMP_OFFSET)[0])
+
+    # -- the log start (DeleteRecords) -------------------------------------------------
+    def log_start(self, part: Topic) -> int:
+        """The partition's first offset Kafka clients may read: its array's log start, or
+        the one a DeleteRecords set inside a batch (:mod:`.logstart`), whichever is larger.
+        A DeleteRecords interrupted by a crash after keeping its offset and before moving
+        tail is finished here."""
+        queue = part.queue
+        start, kept = queue.log_start_offset, self._starts.get(part.name)
+        if kept <= start:
+            return start
+        kept = min(kept, queue.next_offset)
+        index = queue.find_offset(kept)
+        if index > queue.tail:
+            with contextlib.suppress(IndexOutOfRangeError):
+                queue.remove_before_index(index)
+        return kept
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> tuple[int, int, str | None]:
+        """Kafka's DeleteRecords of one partition: ``(error, low watermark, message)``.
+
+        ``offset`` -1 is the high watermark; another negative offset, or one above the
+        high watermark, is OFFSET_OUT_OF_RANGE; one at or below the log start changes
+        nothing. Else the offset is kept (durably, :mod:`.logstart`), then tail moves to
+        the item holding it and the pages wholly below are deleted, as retention deletes
+        them (:meth:`bigarray.BigArray.remove_before_index`): a Thrift consumer by index
+        below the new tail gets INDEX_OUT_OF_BOUNDS, as after retention.
+        """
+        for _attempt in range(3):
+            part = self._partition(topic, partition)
+            if part is None:
+                return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} does not exist"
+            try:
+                with self._alter_lock:
+                    return self._delete_records(part, offset)
+            except (ArrayClosedError, IndexOutOfRangeError):
+                continue  # closed to make room meanwhile: again
+            except OSError as exc:
+                _limited.error("delete-records", "DeleteRecords of %s-%d failed: %s", topic, partition, exc)
+                return KAFKA_STORAGE_ERROR, -1, f"cannot delete records of {topic}-{partition}: {exc}"
+        return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} is not available"
+
+    def _delete_records(self, part: Topic, offset: int) -> tuple[int, int, str | None]:
+        queue = part.queue
+        high = queue.next_offset
+        target = high if offset == -1 else offset
+        if target < 0:
+            return OFFSET_OUT_OF_RANGE, -1, f"The offset {offset} for partition {part.name} is not valid"
+        if target > high:
+            return (
+                OFFSET_OUT_OF_RANGE,
+                -1,
+                (
+                    f"Cannot increment the log start offset to {target} of partition {part.name} since it is "
+                    f"larger than the high watermark {high}"
+                ),
+            )
+        start = self.log_start(part)
+        if target <= start:
+            return NONE, start, None
+        self._starts.set(part.name, target)
+        queue.remove_before_index(queue.find_offset(target))
+        log.info("DeleteRecords: partition %r now starts at offset %d (was %d)", part.name, target, start)
+        return NONE, target, None
 
     # -- waiting -----------------------------------------------------------------------
     def wait(self, partitions: Iterable[tuple[str, int]], until: float, enough: Any) -> None:
