@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 INVALID_REPLICA_ASSIGNMENT: Final = 39
 INVALID_REQUEST: Final = 42
 TOPIC_AUTHORIZATION_FAILED: Final = 29
+GROUP_AUTHORIZATION_FAILED: Final = 30
 
 
 def refused(session: SaslSession | None, what: str) -> str | None:
@@ -144,3 +145,11 @@ class KafkaAdmin:
                 parts.append({"partition_index": p.partition_index, "low_watermark": low, "error_code": code})
             topics.append({"name": t.name, "partitions": parts})
         return self._response(header, topics=topics)
+
+    # -- OffsetDelete (answered by the group coordinator) -----------------------------
+    def refuse_offset_delete(self, request: Any, header: P.RequestHeader, session: SaslSession | None) -> Any:
+        """An OffsetDelete of a user who may not (as DeleteGroups): GROUP_AUTHORIZATION_FAILED;
+        None: the coordinator answers it."""
+        if refused(session, "delete group offsets") is None:
+            return None
+        return self._response(header, error_code=self._counted(GROUP_AUTHORIZATION_FAILED), topics=[])

@@ -107,6 +107,7 @@ TICK_S: Final = 0.1
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, OFFSET_COMMIT, OFFSET_FETCH, DELETE_GROUPS = 15, 16, 8, 9, 42
 CONSUMER_GROUP_HEARTBEAT = 68
+OFFSET_DELETE = 47
 
 _E = ErrorCode
 
@@ -145,6 +146,7 @@ class GroupCoordinator(GroupAdmin):
         DESCRIBE_GROUPS: (0, 6),
         LIST_GROUPS: (0, 5),
         DELETE_GROUPS: (0, 2),
+        OFFSET_DELETE: (0, 0),
     }
     #: API key -> versions :meth:`handle` takes but answers with an error
     #: (UNSUPPORTED_VERSION): not to be advertised by ApiVersions.
@@ -200,6 +202,7 @@ class GroupCoordinator(GroupAdmin):
             OFFSET_COMMIT: self._offset_commit,
             OFFSET_FETCH: self._offset_fetch,
             DELETE_GROUPS: self._delete_groups,
+            OFFSET_DELETE: self._offset_delete,
             CONSUMER_GROUP_HEARTBEAT: self._consumer_group_heartbeat,
         }
         self._reaper = threading.Thread(target=self._reap, name="kafka-group-coordinator", daemon=True)

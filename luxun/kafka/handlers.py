@@ -69,6 +69,7 @@ DELETE_GROUPS: Final = 42
 DESCRIBE_CLUSTER: Final = 60
 CREATE_PARTITIONS: Final = 37
 DELETE_RECORDS: Final = 21
+OFFSET_DELETE: Final = 47
 
 #: The versions served of the APIs this module answers: min, max.
 VERSIONS: Final[dict[int, tuple[int, int]]] = {
@@ -212,6 +213,8 @@ class KafkaHandler:
         method = self._methods.get(key)
         if method is not None:
             response = method(request, header, session)
+        elif key == OFFSET_DELETE and (refusal := self.admin.refuse_offset_delete(request, header, session)):
+            response = refusal
         elif key == DELETE_GROUPS and session is not None and not session.admin:
             response = self._refuse_delete_groups(request, header, session)
         else:

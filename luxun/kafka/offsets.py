@@ -142,6 +142,26 @@ class OffsetStore:
             metadata = self._metadata.get((group, name), "")
         return offset, metadata, error
 
+    def delete(self, group: str, topic: str, partition: int) -> ErrorCode:
+        """Delete ``group``'s committed offset on ``partition`` of ``topic`` (Kafka's
+        OffsetDelete): its committed page and position go, as a DeleteGroups removes
+        them. UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist; NONE for one
+        the group has no committed offset on (a position Thrift consumers move by group
+        is theirs and stays)."""
+        name = _luxun_name(topic, partition)
+        if name is None:
+            return ErrorCode.unknown_topic_or_partition
+
+        def do(t: Topic) -> ErrorCode:
+            if t.queue.committed(group) is not None:
+                t.queue.remove_group(group)
+            return ErrorCode.none
+
+        error = self._on_topic(name, do, "delete", ErrorCode.unknown_topic_or_partition)
+        with self._lock:
+            self._metadata.pop((group, name), None)
+        return error
+
     def partitions(self, group: str) -> list[tuple[str, int]]:
         """Every (topic, partition) where ``group`` has a committed position, sorted
         (one directory look-up per topic; topics whose names Kafka does not allow are
