@@ -16,14 +16,17 @@ are serialised in :class:`~luxun.kafka.log.KafkaLog`.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
+from ..dynamic import DynamicBrokerConfigs
 from ..metrics import Metrics
 from . import protocol as P
-from .log import NONE, KafkaLog
+from .log import INVALID_CONFIG, KAFKA_STORAGE_ERROR, NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, TopicInfo
 from .sasl import SaslSession
+from .topic_configs import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigProblem, altered, check_broker_configs
 
 __all__ = ["KafkaAdmin"]
 
@@ -33,6 +36,7 @@ INVALID_REPLICA_ASSIGNMENT: Final = 39
 INVALID_REQUEST: Final = 42
 TOPIC_AUTHORIZATION_FAILED: Final = 29
 GROUP_AUTHORIZATION_FAILED: Final = 30
+CLUSTER_AUTHORIZATION_FAILED: Final = 31
 
 
 def refused(session: SaslSession | None, what: str) -> str | None:
@@ -55,10 +59,19 @@ class KafkaAdmin:
         kafka_log: the topics.
         node_id: this broker's id (the only valid replica).
         metrics: errors are counted per code.
+        broker_configs: the broker's dynamic configs (None: none may be set).
     """
 
-    def __init__(self, kafka_log: KafkaLog, *, node_id: int, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        kafka_log: KafkaLog,
+        *,
+        node_id: int,
+        metrics: Metrics,
+        broker_configs: DynamicBrokerConfigs | None = None,
+    ) -> None:
         self.log = kafka_log
+        self.broker_configs = broker_configs
         self.node_id = node_id
         self.metrics = metrics
 
@@ -153,3 +166,218 @@ class KafkaAdmin:
         if refused(session, "delete group offsets") is None:
             return None
         return self._response(header, error_code=self._counted(GROUP_AUTHORIZATION_FAILED), topics=[])
+
+    # -- configs -----------------------------------------------------------------------
+    def _resource_error(self, r: Any, code: int, message: str | None) -> dict[str, Any]:
+        return {
+            "error_code": self._counted(code),
+            "error_message": message,
+            "resource_type": r.resource_type,
+            "resource_name": r.resource_name,
+        }
+
+    def _kind(self, r: Any) -> tuple[str | None, str | None]:
+        """``("topic" | "broker", None)``, or ``(None, why)`` for a resource whose configs
+        luxun does not have (INVALID_REQUEST, as Kafka answers a type it lacks)."""
+        kind = int(r.resource_type)
+        if kind == TOPIC:
+            return "topic", None
+        if kind == BROKER:
+            if r.resource_name not in ("", str(self.node_id)):
+                return (
+                    None,
+                    f"Unexpected broker id, expected {self.node_id} or empty string, but received {r.resource_name}",
+                )
+            return "broker", None
+        return None, f"Unsupported resource type: {_RESOURCE_NAMES.get(kind, kind)}"
+
+    def describe_configs(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        """A topic's configs (:meth:`topic_configs`) or the broker's
+        (:meth:`broker_configs`); UNKNOWN_TOPIC_OR_PARTITION for a topic that does not
+        exist; INVALID_REQUEST for any other resource type (a group's, as Kafka without
+        group configs)."""
+        results = []
+        for r in request.resources:
+            kind, why = self._kind(r)
+            keys = r.configuration_keys or ()
+            answer = self._resource_error(r, NONE, None)
+            if kind is None:
+                answer = self._resource_error(r, INVALID_REQUEST, why)
+                configs: list[dict[str, Any]] = []
+            elif kind == "broker":
+                configs = self.broker_configs_shown(r.resource_name, keys)
+            else:
+                info = self.log.describe(r.resource_name)
+                if info is None:
+                    answer = self._resource_error(
+                        r, UNKNOWN_TOPIC_OR_PARTITION, f"Topic {r.resource_name} does not exist"
+                    )
+                    configs = []
+                else:
+                    configs = self.topic_configs(info, keys)
+            results.append(answer | {"configs": configs})
+        return self._response(header, results=results)
+
+    def topic_configs(self, info: TopicInfo, keys: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """A topic's configs for DescribeConfigs (only ``keys``, if any) and CreateTopics:
+        every key of :data:`TOPIC_CONFIGS`, the ones set on the topic (source
+        TOPIC_CONFIG) or else the broker's value (its retention, ``message.max.bytes``:
+        DYNAMIC_DEFAULT_BROKER_CONFIG if set at run time, else STATIC_BROKER_CONFIG) or
+        Kafka's default (DEFAULT_CONFIG)."""
+        wanted = set(keys)
+        dynamic = self.broker_configs.values() if self.broker_configs is not None else {}
+        static = self.broker_configs.static if self.broker_configs is not None else {}
+        out = []
+        for name, key in TOPIC_CONFIGS.items():
+            if wanted and name not in wanted:
+                continue
+            value, source = key.default, _DEFAULT_CONFIG
+            broker_key = {"retention.ms": "log.retention.ms", "retention.bytes": "log.retention.bytes"}.get(name)
+            if name in info.configs:
+                value, source = info.configs[name], _TOPIC_CONFIG
+            elif name == "message.timestamp.type":
+                value = info.timestamp_type
+            elif name == "max.message.bytes":
+                value, source = str(self.log.max_message_bytes), _STATIC_BROKER_CONFIG
+            elif broker_key in dynamic:
+                value, source = dynamic[broker_key], _DYNAMIC_DEFAULT_BROKER_CONFIG
+            elif broker_key in static:
+                value, source = static[broker_key], _STATIC_BROKER_CONFIG
+            out.append(_entry(name, value, source, key.kind))
+        return out
+
+    def broker_configs_shown(self, name: str, keys: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """The broker's configs for DescribeConfigs: the ones Kafka clients may set
+        (:data:`BROKER_CONFIGS`: set at run time, source DYNAMIC_BROKER_CONFIG, or
+        DYNAMIC_DEFAULT_BROKER_CONFIG for the cluster default, the empty name; else the
+        file's, STATIC_BROKER_CONFIG), then read-only ones."""
+        wanted = set(keys)
+        dynamic = self.broker_configs.values() if self.broker_configs is not None else {}
+        static = self.broker_configs.static if self.broker_configs is not None else {}
+        out = []
+        for key, config in BROKER_CONFIGS.items():
+            if key in dynamic:
+                source = _DYNAMIC_DEFAULT_BROKER_CONFIG if name == "" else _DYNAMIC_BROKER_CONFIG
+                out.append(_entry(key, dynamic[key], source, config.kind))
+            else:
+                out.append(_entry(key, static.get(key, config.default), _STATIC_BROKER_CONFIG, config.kind))
+        for key, value, kind in (
+            ("broker.id", str(self.node_id), "int"),
+            ("message.max.bytes", str(self.log.max_message_bytes), "int"),
+            ("num.partitions", str(self.log.num_partitions), "int"),
+            ("auto.create.topics.enable", str(self.log.topics.auto_create).lower(), "boolean"),
+            ("delete.topic.enable", str(self.log.delete_enable).lower(), "boolean"),
+            ("log.cleanup.policy", "delete", "list"),
+        ):
+            out.append(_entry(key, value, _STATIC_BROKER_CONFIG, kind, read_only=True))
+        return [e for e in out if not wanted or e["name"] in wanted]
+
+    def alter_configs(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
+        """AlterConfigs: each resource's configs replaced by the ones given (Kafka's
+        semantics: a key left out goes back to its default)."""
+        return self._alter(request, header, session, lambda r, now: [(c.name, c.value) for c in r.configs])
+
+    def incremental_alter_configs(
+        self, request: Any, header: P.RequestHeader, session: SaslSession | None = None
+    ) -> Any:
+        """IncrementalAlterConfigs: each resource's configs changed by SET, DELETE,
+        APPEND and SUBTRACT (:func:`~luxun.kafka.topic_configs.altered`); a key named
+        twice in one resource is INVALID_REQUEST, as Kafka."""
+
+        def change(r: Any, now: Mapping[str, str]) -> list[tuple[str, str | None]]:
+            table = TOPIC_CONFIGS if int(r.resource_type) == TOPIC else BROKER_CONFIGS
+            return altered(now, [(c.name, int(c.config_operation), c.value) for c in r.configs], table)
+
+        return self._alter(request, header, session, change)
+
+    def _alter(
+        self,
+        request: Any,
+        header: P.RequestHeader,
+        session: SaslSession | None,
+        change: Callable[[Any, Mapping[str, str]], list[tuple[str, str | None]]],
+    ) -> Any:
+        answers = []
+        twice = duplicates(f"{int(r.resource_type)}:{r.resource_name}" for r in request.resources)
+        for r in request.resources:
+            kind, why = self._kind(r)
+            if kind is None:
+                answers.append(self._resource_error(r, INVALID_REQUEST, why))
+                continue
+            refusal = refused(session, f"alter {kind} configs")  # the one check of both APIs
+            if refusal is not None:
+                code = TOPIC_AUTHORIZATION_FAILED if kind == "topic" else CLUSTER_AUTHORIZATION_FAILED
+                answers.append(self._resource_error(r, code, refusal))
+                continue
+            if f"{int(r.resource_type)}:{r.resource_name}" in twice:
+                answers.append(self._resource_error(r, INVALID_REQUEST, "Duplicate resource in request."))
+                continue
+            names = [c.name for c in r.configs]
+            if len(set(names)) != len(names):
+                answers.append(self._resource_error(r, INVALID_REQUEST, "Error due to duplicate config keys"))
+                continue
+            if kind == "topic":
+                try:
+                    code, message = self.log.alter_configs(
+                        r.resource_name, functools.partial(change, r), validate_only=request.validate_only
+                    )
+                except ConfigProblem as exc:
+                    code, message = INVALID_CONFIG, str(exc)
+            else:
+                code, message = self._alter_broker(r, change, request.validate_only)
+            answers.append(self._resource_error(r, code, message))
+        return self._response(header, responses=answers)
+
+    def _alter_broker(
+        self, r: Any, change: Callable[[Any, Mapping[str, str]], list[tuple[str, str | None]]], validate_only: bool
+    ) -> tuple[int, str | None]:
+        store = self.broker_configs
+        if store is None:
+            return INVALID_REQUEST, "this broker keeps no dynamic broker configs"
+        try:
+            kept = check_broker_configs(change(r, store.values()))
+        except ConfigProblem as exc:
+            return INVALID_CONFIG, str(exc)
+        if validate_only:
+            return NONE, None
+        try:
+            store.replace(kept)
+        except OSError as exc:
+            log.warning("cannot keep the dynamic broker configs: %s", exc)
+            return KAFKA_STORAGE_ERROR, f"cannot keep the broker configs: {exc}"
+        return NONE, None
+
+
+#: DescribeConfigs' config sources and Kafka's resource types.
+_TOPIC_CONFIG: Final = 1
+_DYNAMIC_BROKER_CONFIG: Final = 2
+_DYNAMIC_DEFAULT_BROKER_CONFIG: Final = 3
+_STATIC_BROKER_CONFIG: Final = 4
+_DEFAULT_CONFIG: Final = 5
+TOPIC: Final = 2
+BROKER: Final = 4
+_RESOURCE_NAMES: Final = {
+    0: "UNKNOWN",
+    1: "ANY",
+    2: "TOPIC",
+    3: "GROUP",
+    4: "BROKER",
+    8: "BROKER_LOGGER",
+    16: "CLIENT_METRICS",
+    32: "GROUP",
+}
+#: DescribeConfigs v3+ config types, by TopicConfig.kind.
+_CONFIG_TYPES: Final = {"boolean": 1, "string": 2, "int": 3, "long": 5, "double": 6, "list": 7}
+
+
+def _entry(name: str, value: str, source: int, kind: str, *, read_only: bool = False) -> dict[str, Any]:
+    return {
+        "name": name,
+        "value": value,
+        "read_only": read_only,
+        "config_source": source,
+        "is_sensitive": False,
+        "synonyms": [],
+        "config_type": _CONFIG_TYPES.get(kind, 0),
+        "documentation": None,
+    }

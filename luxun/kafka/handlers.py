@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
+from ..dynamic import DynamicBrokerConfigs
 from ..logs import RateLimitedLog
 from ..metrics import Metrics
 from ..net import DEFAULT_MAX_BUFFERED_BYTES, OutputBudget
@@ -70,6 +71,8 @@ DESCRIBE_CLUSTER: Final = 60
 CREATE_PARTITIONS: Final = 37
 DELETE_RECORDS: Final = 21
 OFFSET_DELETE: Final = 47
+ALTER_CONFIGS: Final = 33
+INCREMENTAL_ALTER_CONFIGS: Final = 44
 
 #: The versions served of the APIs this module answers: min, max.
 VERSIONS: Final[dict[int, tuple[int, int]]] = {
@@ -87,6 +90,8 @@ VERSIONS: Final[dict[int, tuple[int, int]]] = {
     SASL_AUTHENTICATE: (0, 2),
     CREATE_PARTITIONS: (0, 3),
     DELETE_RECORDS: (0, 2),
+    ALTER_CONFIGS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
 }
 
 UNSUPPORTED_VERSION: Final = 35
@@ -99,9 +104,6 @@ UNSUPPORTED_SASL_MECHANISM: Final = 33
 ILLEGAL_SASL_STATE: Final = 34
 SASL_AUTHENTICATION_FAILED: Final = 58
 INVALID_REPLICA_ASSIGNMENT: Final = 39
-#: DescribeConfigs config sources: set on the topic; the broker's default.
-_TOPIC_CONFIG: Final = 1
-_DEFAULT_CONFIG: Final = 5
 CLUSTER_ID: Final = "luxun-" + uuid.uuid5(uuid.NAMESPACE_DNS, "luxun").hex[:16]
 #: Fetch waits at most this long whatever the client asks (Kafka clients ask 500 ms).
 MAX_FETCH_WAIT_S: Final = 30.0
@@ -133,6 +135,8 @@ class KafkaHandler:
             ``VERSIONS``), or None: group APIs are not announced.
         metrics: counters of requests per API and version and errors per code.
         sasl: the mechanisms and users when SASL is on; None: off.
+        broker_configs: the broker configs Kafka clients may change (the admin APIs,
+            :mod:`luxun.kafka.admin`); None: none.
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class KafkaHandler:
         fetch_max_bytes: int = 57671680,
         sasl: Authenticator | None = None,
         output_budget: OutputBudget | None = None,
+        broker_configs: DynamicBrokerConfigs | None = None,
     ) -> None:
         self.log = kafka_log
         self.metrics = metrics or Metrics()
@@ -173,14 +178,18 @@ class KafkaHandler:
             CREATE_TOPICS: self.create_topics,
             DELETE_TOPICS: self.delete_topics,
             INIT_PRODUCER_ID: self.init_producer_id,
-            DESCRIBE_CONFIGS: self.describe_configs,
             DESCRIBE_CLUSTER: self.describe_cluster,
             SASL_HANDSHAKE: self.sasl_handshake,
             SASL_AUTHENTICATE: self.sasl_authenticate,
         }
-        self.admin = KafkaAdmin(kafka_log, node_id=node_id, metrics=self.metrics)
+        #: The broker configs Kafka clients may change (AlterConfigs); None: none.
+        self.broker_configs = broker_configs
+        self.admin = KafkaAdmin(kafka_log, node_id=node_id, metrics=self.metrics, broker_configs=broker_configs)
         self._methods[CREATE_PARTITIONS] = self.admin.create_partitions
         self._methods[DELETE_RECORDS] = self.admin.delete_records
+        self._methods[DESCRIBE_CONFIGS] = self.admin.describe_configs
+        self._methods[ALTER_CONFIGS] = self.admin.alter_configs
+        self._methods[INCREMENTAL_ALTER_CONFIGS] = self.admin.incremental_alter_configs
         self._flexible: dict[tuple[int, int], bool] = {}
 
     # -- frames ------------------------------------------------------------------------
@@ -576,7 +585,7 @@ class KafkaHandler:
             "error_message": None,
             "num_partitions": partitions,
             "replication_factor": 1,
-            "configs": [] if info is None else self._topic_configs(info, ()),
+            "configs": [] if info is None else self.admin.topic_configs(info),
         }
 
     def delete_topics(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
@@ -595,45 +604,6 @@ class KafkaHandler:
                 self.metrics.count_kafka_error(code)
             responses.append({"name": name, "error_code": code, "error_message": message})
         return self._response(header, responses=responses)
-
-    def describe_configs(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
-        results = []
-        for r in request.resources:
-            configs: list[dict[str, Any]] = []
-            code, message = NONE, None
-            if int(r.resource_type) == 2:  # topic
-                info = self.log.describe(r.resource_name)
-                if info is None:
-                    code, message = UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist"
-                else:
-                    configs = self._topic_configs(info, r.configuration_keys or ())
-            results.append(
-                {
-                    "error_code": code,
-                    "error_message": message,
-                    "resource_type": r.resource_type,
-                    "resource_name": r.resource_name,
-                    "configs": configs,
-                }
-            )
-        return self._response(header, results=results)
-
-    def _topic_configs(self, info: Any, keys: Any) -> list[dict[str, Any]]:
-        """A topic's configs for DescribeConfigs (only ``keys``, if any) and CreateTopics:
-        those set at its creation (source TOPIC_CONFIG), then luxun's settings of the
-        others it shows (source DEFAULT_CONFIG). Read-only: there is no AlterConfigs."""
-        values = {
-            "message.timestamp.type": (info.timestamp_type, _DEFAULT_CONFIG),
-            "max.message.bytes": (str(self.log.max_message_bytes), _DEFAULT_CONFIG),
-            "cleanup.policy": ("delete", _DEFAULT_CONFIG),
-        }
-        for k, v in info.configs.items():
-            values[k] = (v, _TOPIC_CONFIG)
-        return [
-            {"name": k, "value": v, "read_only": True, "config_source": source, "is_sensitive": False}
-            for k, (v, source) in values.items()
-            if not keys or k in keys
-        ]
 
     # -- producers ---------------------------------------------------------------------
     def init_producer_id(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:

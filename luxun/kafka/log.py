@@ -45,7 +45,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -481,6 +481,44 @@ class KafkaLog:
                 log.warning("cannot add partitions to topic %r: %s", topic, exc)
                 return KAFKA_STORAGE_ERROR, f"cannot add partitions to topic {topic!r}: {exc}"
         log.info("topic %r now has %d partitions (was %d, Kafka CreatePartitions)", topic, count, info.partitions)
+        return NONE, None
+
+    def alter_configs(
+        self,
+        topic: str,
+        change: Callable[[Mapping[str, str]], Iterable[tuple[str, str | None]]],
+        *,
+        validate_only: bool = False,
+    ) -> tuple[int, str | None]:
+        """Replace ``topic``'s configs by ``change(its configs now)`` (AlterConfigs gives
+        the whole new set; IncrementalAlterConfigs derives it): ``(error code, message)``.
+
+        The new set is checked as at creation (:func:`check_topic_configs`: INVALID_CONFIG
+        naming the first refused config), then kept in ``kafka.json``
+        (:meth:`write_settings`, crash-safe) unless ``validate_only``. It takes effect at
+        once: ``message.timestamp.type`` for the next produce, ``retention.ms`` and
+        ``retention.bytes`` at the next retention pass.
+
+        Raises:
+            ConfigProblem: from ``change``, answered as INVALID_CONFIG.
+        """
+        with self._alter_lock:
+            info = self.describe(topic)
+            if info is None:
+                return UNKNOWN_TOPIC_OR_PARTITION, f"Topic {topic} does not exist"
+            try:
+                kept = check_topic_configs(change(info.configs), max_message_bytes=self.max_message_bytes)
+            except ConfigProblem as exc:
+                return INVALID_CONFIG, str(exc)
+            if validate_only:
+                return NONE, None
+            timestamp_type = kept.get("message.timestamp.type", "CreateTime")
+            try:
+                self.write_settings(topic, info, configs=kept, timestamp_type=timestamp_type)
+            except OSError as exc:
+                log.warning("cannot change the configs of topic %r: %s", topic, exc)
+                return KAFKA_STORAGE_ERROR, f"cannot change the configs of topic {topic!r}: {exc}"
+        log.info("topic %r configs now %s (Kafka AlterConfigs)", topic, kept or "the defaults")
         return NONE, None
 
     def _undo_partitions(self, topic: str, made: list[str]) -> None:
