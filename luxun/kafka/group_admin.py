@@ -198,7 +198,10 @@ class GroupAdmin(GroupRegistry):
         def store(topic: str, p: Any) -> ErrorCode:
             if error is not None:
                 return error
-            return self.offsets.commit(group_id, topic, p.partition_index, p.committed_offset, p.committed_metadata)
+            epoch = getattr(p, "committed_leader_epoch", -1)  # OffsetCommit v6+
+            return self.offsets.commit(
+                group_id, topic, p.partition_index, p.committed_offset, p.committed_metadata, epoch
+            )
 
         return {
             "topics": [
@@ -245,8 +248,8 @@ class GroupAdmin(GroupRegistry):
         for name, parts in wanted:
             rows = []
             for p in parts:
-                offset, metadata, code = self.offsets.fetch(group_id, name, p)
-                rows.append(_fetched(p, offset, metadata, code))
+                offset, metadata, code, epoch = self.offsets.fetch(group_id, name, p)
+                rows.append(_fetched(p, offset, metadata, code, epoch))
                 if code is _E.group_authorization_failed:  # read by Thrift consumers (docs/groups.md)
                     group_error = code
             out.append({"name": name, "partitions": rows})
@@ -273,11 +276,11 @@ def subscribed_topics(metadata: bytes) -> set[str]:
     return topics
 
 
-def _fetched(partition: int, offset: int, metadata: str, code: ErrorCode) -> dict[str, Any]:
+def _fetched(partition: int, offset: int, metadata: str, code: ErrorCode, epoch: int = -1) -> dict[str, Any]:
     return {
         "partition_index": partition,
         "committed_offset": offset,
-        "committed_leader_epoch": -1,
+        "committed_leader_epoch": epoch,
         "metadata": metadata,
         "error_code": code,
     }
