@@ -52,7 +52,9 @@ IGNORED: Final = "accepted, no effect"
 ONLY: Final = "only"
 
 _THROTTLED: Final = re.compile(r"^\d+:\d+$")
-_FORMAT_VERSION: Final = re.compile(r"^\d+\.\d+(\.\d+)?(-IV\d+)?$")
+#: Kafka's MetadataVersion strings: "3.0", "2.8-IV1", "0.10.0", "0.10.0.0" (0.x versions
+#: have 3 parts; Kafka ignores what follows them).
+_FORMAT_VERSION: Final = re.compile(r"^\d+\.\d+(\.\d+){0,2}(-IV\d+)?$")
 
 
 class ConfigProblem(ValueError):

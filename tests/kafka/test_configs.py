@@ -259,3 +259,16 @@ def test_retention_set_at_run_time_applies_at_the_next_pass(tmp_path: Path) -> N
         }
     finally:
         topics.close()
+
+
+def test_what_describe_shows_can_be_given_back_whole(broker: BrokerProcess) -> None:
+    """librdkafka's test helper (test_AlterConfigs_simple, used by its test 0092) alters
+    a topic by giving back every config DescribeConfigs showed, plus its change."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(broker)
+    admin.create_topics([NewTopic("whole", 1, 1)], request_timeout=10)["whole"].result(10)
+    shown = {k: v for k, (v, _) in _describe(admin, "topic", "whole").items()}
+    assert len(shown) > 30
+    _alter(admin, "topic", "whole", shown | {"message.format.version": "0.10.0.0"})
+    assert _describe(admin, "topic", "whole")["message.format.version"][0] == "0.10.0.0"
