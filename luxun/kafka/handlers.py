@@ -8,6 +8,10 @@ ApiVersions, error UNSUPPORTED_VERSION in the v0 layout with our ranges (KIP-511
 client then retries with a version we have); for any other API the connection is
 closed, as Kafka does with a request it cannot parse.
 
+The admin APIs of topics, configs and records (CreatePartitions, DescribeConfigs,
+AlterConfigs, IncrementalAlterConfigs, DeleteRecords) are answered by
+:class:`~luxun.kafka.admin.KafkaAdmin`; OffsetDelete by the group coordinator.
+
 Produce with ``acks=0`` gets no response at all, as in Kafka. A Fetch waits up to its
 ``max_wait`` for ``min_bytes`` on a condition every append to one of its partitions
 sets (the long-poll machinery of the Thrift consume; a produce completes it at once).

@@ -329,23 +329,17 @@ class KafkaLog:
         except OSError as exc:
             log.warning("cannot create topic %r: %s", topic, exc)
             return KAFKA_STORAGE_ERROR, f"cannot create topic {topic!r}: {exc}"
-        made: list[str] = []
-        try:
-            for p in range(partitions - 1, -1, -1):  # partition 0 last: it takes the staged directory
-                name = partition_topic(topic, p)
-                existed = self.topics.known(name)
-                self.topics.get_or_create(name)
-                if not existed:
-                    made.append(name)
-            path = self._settings_path(topic)
-            os.replace(path + ".tmp", path)
-        except (TopicLimitError, InvalidNameError) as exc:
-            self._undo_create(topic, made)
-            return POLICY_VIOLATION, str(exc)
-        except (OSError, TopicStorageError) as exc:
-            self._undo_create(topic, made)
-            log.warning("cannot create topic %r: %s", topic, exc)
-            return KAFKA_STORAGE_ERROR, f"cannot create topic {topic!r}: {exc}"
+        path = self._settings_path(topic)
+        # partition 0 last: it takes the staged directory
+        code, message = self._make_partitions(
+            topic,
+            range(partitions - 1, -1, -1),
+            lambda: os.replace(path + ".tmp", path),
+            lambda made: self._undo_create(topic, made),
+            f"create topic {topic!r}",
+        )
+        if code != NONE:
+            return code, message
         with self._infos_lock:
             self._infos.pop(topic, None)
         log.info("created topic %r with %d partitions (Kafka)", topic, partitions)
@@ -376,16 +370,48 @@ class KafkaLog:
                 raise FileExistsError(*exc.args) from exc
             raise
 
-    def _undo_create(self, topic: str, made: list[str]) -> None:
+    def _make_partitions(
+        self,
+        topic: str,
+        numbers: Iterable[int],
+        finish: Callable[[], None],
+        undo: Callable[[list[str]], None],
+        what: str,
+    ) -> tuple[int, str | None]:
+        """Make the luxun topics of ``topic``'s partitions ``numbers`` in that order (one
+        that exists is kept), then ``finish()``; if either fails, ``undo(the ones made)``
+        and answer POLICY_VIOLATION (a limit) or KAFKA_STORAGE_ERROR, naming ``what``."""
+        made: list[str] = []
+        try:
+            for p in numbers:
+                name = partition_topic(topic, p)
+                existed = self.topics.known(name)
+                self.topics.get_or_create(name)
+                if not existed:
+                    made.append(name)
+            finish()
+        except (TopicLimitError, InvalidNameError) as exc:
+            undo(made)
+            return POLICY_VIOLATION, str(exc)
+        except (OSError, TopicStorageError) as exc:
+            undo(made)
+            log.warning("cannot %s: %s", what, exc)
+            return KAFKA_STORAGE_ERROR, f"cannot {what}: {exc}"
+        return NONE, None
+
+    def _undo_create(self, topic: str, made: list[str], *, keep_topic: bool = False) -> None:
         """A creation refused part-way (another creation took the last of max.topics
         meanwhile, a full disk, too many open files): the partitions it made go again,
         and the staged directory of partition 0, so nothing is left behind, invisible
-        to Kafka clients and counted against the limit."""
+        to Kafka clients and counted against the limit. ``keep_topic``: a refused
+        CreatePartitions; only the partitions it made go."""
         for name in made:
             try:
                 self.topics.delete(name)
             except Exception:
                 log.exception("removing partition %r of the refused topic %r failed", name, topic)
+        if keep_topic:
+            return
         path = os.path.join(self.topics.data_dir, topic)
         if self.topics.known(topic):  # made by a Thrift produce meanwhile: it stays, without our settings
             with contextlib.suppress(OSError):
@@ -464,22 +490,15 @@ class KafkaLog:
                 )
             if validate_only:
                 return NONE, None
-            made: list[str] = []
-            try:
-                for p in range(info.partitions, count):
-                    name = partition_topic(topic, p)
-                    existed = self.topics.known(name)
-                    self.topics.get_or_create(name)
-                    if not existed:
-                        made.append(name)
-                self.write_settings(topic, info, partitions=count)
-            except (TopicLimitError, InvalidNameError) as exc:
-                self._undo_partitions(topic, made)
-                return POLICY_VIOLATION, str(exc)
-            except (OSError, TopicStorageError) as exc:
-                self._undo_partitions(topic, made)
-                log.warning("cannot add partitions to topic %r: %s", topic, exc)
-                return KAFKA_STORAGE_ERROR, f"cannot add partitions to topic {topic!r}: {exc}"
+            code, message = self._make_partitions(
+                topic,
+                range(info.partitions, count),
+                lambda: self.write_settings(topic, info, partitions=count),
+                lambda made: self._undo_create(topic, made, keep_topic=True),
+                f"add partitions to topic {topic!r}",
+            )
+            if code != NONE:
+                return code, message
         log.info("topic %r now has %d partitions (was %d, Kafka CreatePartitions)", topic, count, info.partitions)
         return NONE, None
 
@@ -520,13 +539,6 @@ class KafkaLog:
                 return KAFKA_STORAGE_ERROR, f"cannot change the configs of topic {topic!r}: {exc}"
         log.info("topic %r configs now %s (Kafka AlterConfigs)", topic, kept or "the defaults")
         return NONE, None
-
-    def _undo_partitions(self, topic: str, made: list[str]) -> None:
-        for name in made:
-            try:
-                self.topics.delete(name)
-            except Exception:
-                log.exception("removing partition %r of the refused growth of topic %r failed", name, topic)
 
     def retention_overrides(self, name: str) -> tuple[int | None, int | None]:
         """``retention.ms`` and ``retention.bytes`` given at the creation of the Kafka
