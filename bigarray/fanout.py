@@ -8,10 +8,11 @@ bigqueue's FanOutQueueImpl, and is written before the items are returned
 hands them out twice).
 
 Committed positions (at-least-once groups): :meth:`FanoutQueue.commit` stores a
-group's committed index in ``committed_<group>/page-0.dat`` (24 bytes, big-endian: the
-index, the committed record offset + 1 or 0, and the committed message position in the
-item at the index, see :mod:`bigarray.format`; written through an mmap in one copy as
-the group's position is, so it survives a crash of the process once the call returns)
+group's committed index in ``committed_<group>/page-0.dat`` (32 bytes, big-endian: the
+index, the committed record offset + 1 or 0, the committed message position in the
+item at the index and the committed leader epoch + 1 or 0, see :mod:`bigarray.format`;
+written through an mmap in one copy as the group's position is, so it survives a crash
+of the process once the call returns)
 and moves the group's position there too (so
 :meth:`size`, :meth:`cleanup` and lag reports count from it). A group that has
 committed once is an *at-least-once group*: it is read by index from its committed
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
 #: The committed page: index, record offset + 1 (0: none), message position in the item.
-_COMMITTED = struct.Struct(">qqq")
+_COMMITTED = struct.Struct(">qqqq")
 _R = TypeVar(
     "_R",
     list[bytes],
@@ -85,6 +86,7 @@ class _Group:
         "closed",
         "cmm",
         "committed",
+        "committed_epoch",
         "committed_message",
         "committed_offset",
         "factory",
@@ -113,6 +115,8 @@ class _Group:
         self.committed_offset: int | None = None
         #: Messages of the item at ``committed`` that are committed (0: none).
         self.committed_message = 0
+        #: The leader epoch of the last commit (None: it gave none).
+        self.committed_epoch: int | None = None
         self.cfactory: PageFactory | None = None
         self.cmm: Any = None
         committed_folder = os.path.join(os.path.dirname(folder), fmt.COMMITTED_DIR_PREFIX + name)
@@ -123,19 +127,23 @@ class _Group:
         """Open (create) the committed position's page; a new one holds 0."""
         self.cfactory = PageFactory(folder, fmt.COMMITTED_PAGE_SIZE, max_cached_pages=1)
         self.cmm = self.cfactory.acquire(0, create=True).mm
-        index, offset_plus_1, message = _COMMITTED.unpack_from(self.cmm, fmt.COMMITTED_INDEX_OFFSET)
+        index, offset_plus_1, message, epoch_plus_1 = _COMMITTED.unpack_from(self.cmm, fmt.COMMITTED_INDEX_OFFSET)
         self.committed = index
         self.committed_offset = offset_plus_1 - 1 if offset_plus_1 > 0 else None
         self.committed_message = max(message, 0)
+        self.committed_epoch = epoch_plus_1 - 1 if epoch_plus_1 > 0 else None
 
-    def commit(self, index: int, offset: int | None = None, message: int = 0) -> None:
-        """Save ``index`` (and ``offset``, or none, and ``message``) as the committed
-        position (one 24-byte copy into the mapped page), then move the group's
-        position there too."""
-        self.cmm[0 : _COMMITTED.size] = _COMMITTED.pack(index, 0 if offset is None else offset + 1, message)
+    def commit(self, index: int, offset: int | None = None, message: int = 0, epoch: int | None = None) -> None:
+        """Save ``index`` (and ``offset``, or none, ``message`` and ``epoch``, or none) as
+        the committed position (one 32-byte copy into the mapped page), then move the
+        group's position there too."""
+        self.cmm[0 : _COMMITTED.size] = _COMMITTED.pack(
+            index, 0 if offset is None else offset + 1, message, 0 if epoch is None else epoch + 1
+        )
         self.committed = index
         self.committed_offset = offset
         self.committed_message = message
+        self.committed_epoch = epoch
         self.move(index)
 
     def move(self, index: int) -> None:
@@ -518,7 +526,9 @@ class FanoutQueue:
                 shutil.rmtree(os.path.join(self.path, fmt.COMMITTED_DIR_PREFIX + group), ignore_errors=True)
 
     # -- committed positions (at-least-once groups) --------------------------------------
-    def commit(self, group: str, index: int, offset: int | None = None, *, message: int = 0) -> None:
+    def commit(
+        self, group: str, index: int, offset: int | None = None, *, message: int = 0, leader_epoch: int | None = None
+    ) -> None:
         """Commit ``index`` (tail <= index <= head) as the group's position: the next
         index it will read from its committed position. Creates the group if needed;
         from then on the group is an at-least-once group (see the module docstring).
@@ -527,15 +537,19 @@ class FanoutQueue:
         one clears it. ``message``: how many messages of the item at ``index`` are
         committed too (a reader that splits items into messages reads on from that
         one; 0: the whole item is still to read; over 0 needs index < head), kept for
-        :meth:`committed_message`. All three are saved in the group's committed page,
-        in one copy, before the call returns (survives a crash of the process).
+        :meth:`committed_message`. ``leader_epoch``: the Kafka leader epoch of the
+        committed record (None: none), kept for :meth:`committed_leader_epoch`. All four
+        are saved in the group's committed page, in one copy, before the call returns
+        (survives a crash of the process).
 
         Raises:
             IndexOutOfRangeError: ``index`` is below tail or beyond head, or ``message``
                 is over 0 and ``index`` is head.
-            ValueError: ``offset`` is negative or past 2**63 - 2, or ``message`` is
-                negative or past 2**31 - 1.
+            ValueError: ``offset`` is negative or past 2**63 - 2, ``message`` is
+                negative or past 2**31 - 1, or ``leader_epoch`` is negative or past 2**31 - 1.
         """
+        if leader_epoch is not None and not 0 <= leader_epoch < 1 << 31:
+            raise ValueError(f"queue {self.path}: leader epoch {leader_epoch} of group {group!r} is out of range")
         if offset is not None and not 0 <= offset < (1 << 63) - 1:
             raise ValueError(f"queue {self.path}: committed offset {offset} of group {group!r} is out of range")
         if not 0 <= message < 1 << 31:
@@ -548,7 +562,7 @@ class FanoutQueue:
                 raise IndexOutOfRangeError(index, tail, head)
             if g.cmm is None:
                 g.open_committed(os.path.join(self.path, fmt.COMMITTED_DIR_PREFIX + group))
-            g.commit(index, offset, message)
+            g.commit(index, offset, message, leader_epoch)
 
     def committed(self, group: str) -> int | None:
         """The group's committed index, or None if it never committed."""
@@ -582,6 +596,13 @@ class FanoutQueue:
             return self.group_index(group), 0
         start = max(committed, self.array.tail)
         return start, message if start == committed else 0
+
+    def committed_leader_epoch(self, group: str) -> int | None:
+        """The leader epoch of the group's last commit, or None if it gave none."""
+        self._check_open()
+        validate_name(group, what="group", prefix=fmt.FRONT_DIR_PREFIX)
+        g = self._groups.get(group)
+        return None if g is None else g.committed_epoch
 
     def committed_offset(self, group: str) -> int | None:
         """The record offset of the group's last commit, or None if it never

@@ -9,16 +9,18 @@ Layout of an array directory ``<path>/``::
     data/page-<N>.dat         data pages; N increases monotonically
     meta_data/page-0.dat      16 bytes: head i64 (next index), tail i64 (first index)
     front_index_<group>/page-0.dat   8 bytes: the group's next index (FanoutQueue)
-    committed_<group>/page-0.dat     24 bytes: the group's committed index i64 at 0
+    committed_<group>/page-0.dat     32 bytes: the group's committed index i64 at 0
                               (FanoutQueue.commit), then the committed record offset + 1
                               i64 at 8 (0: committed without an offset), then the
                               committed message position in the item at the index i64
-                              at 16 (0: the whole item is still to read); written in one
-                              copy; only for groups that commit; bigqueue and Java Luxun
-                              never look. A shorter page (8 bytes, written before
-                              offsets existed; 16, before message positions) is
-                              extended with zeros when opened: what it held, with no
-                              offset and message 0.
+                              at 16 (0: the whole item is still to read), then the
+                              committed leader epoch + 1 i64 at 24 (0: none; Kafka's
+                              OffsetCommit v6+); written in one copy; only for groups
+                              that commit; bigqueue and Java Luxun never look. A shorter
+                              page (8 bytes, written before offsets existed; 16, before
+                              message positions; 24, before leader epochs) is extended
+                              with zeros when opened: what it held, with no offset,
+                              message 0 and no leader epoch.
     bigarray.json             our extras (format version, data page size); Java ignores it
 
 Index item, 32 bytes::
@@ -108,12 +110,14 @@ META_DIR = "meta_data"
 FRONT_DIR_PREFIX = "front_index_"
 #: A fanout group's committed position (at-least-once groups): index i64 at 0,
 #: record offset + 1 i64 at 8 (0: no offset committed), message position in the item
-#: at the index i64 at 16 (0: none of its messages committed).
+#: at the index i64 at 16 (0: none of its messages committed), leader epoch + 1 i64 at
+#: 24 (0: none committed).
 COMMITTED_DIR_PREFIX = "committed_"
-COMMITTED_PAGE_SIZE = 24
+COMMITTED_PAGE_SIZE = 32
 COMMITTED_INDEX_OFFSET = 0
 COMMITTED_RECORD_OFFSET = 8
 COMMITTED_MESSAGE_OFFSET = 16
+COMMITTED_EPOCH_OFFSET = 24
 EXTRAS_FILE = "bigarray.json"
 FORMAT_VERSION = 1
 

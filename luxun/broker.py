@@ -25,6 +25,7 @@ from types import FrameType
 from idl import QueueService
 
 from .config import BrokerConfig, check_password
+from .dynamic import DynamicBrokerConfigs
 from .kafka.acls import ACL_FILE, Authorizer
 from .kafka.groups import GroupCoordinator
 from .kafka.handlers import KafkaHandler
@@ -254,6 +255,8 @@ class Broker:
                 tick_s=tick_s,
                 # A Kafka topic's retention.ms/retention.bytes, for each of its partitions.
                 topic_overrides=None if self.kafka_server is None else self.kafka_handler.log.retention_overrides,
+                # log.retention.ms/bytes set by Kafka clients at run time (AlterConfigs).
+                broker_overrides=None if self.kafka_server is None else self._broker_retention(),
             )
         except BaseException:
             groups = getattr(self, "kafka_groups", None)
@@ -265,6 +268,11 @@ class Broker:
             self.topics.close()
             raise
         self._stopped = threading.Event()
+
+    def _broker_retention(self) -> Callable[[], tuple[int | None, int | None]] | None:
+        """The retention Kafka clients set at run time (AlterConfigs of the broker)."""
+        configs = self.kafka_handler.broker_configs
+        return None if configs is None else configs.retention
 
     def _kafka_door(self, config: BrokerConfig) -> KafkaServer:
         """The Kafka-protocol port over the same topics (see :mod:`luxun.kafka`)."""
@@ -311,6 +319,11 @@ class Broker:
             sasl=self.sasl,
             acls=self.kafka_acls,
             transactions=self.kafka_transactions,
+            broker_configs=DynamicBrokerConfigs(
+                config.data_dir,
+                retention_ms=config.retention_hours * 3_600_000 if config.retention_hours > 0 else -1,
+                retention_bytes=config.retention_size_bytes,
+            ),
         )
         server = KafkaServer(
             self.kafka_handler,

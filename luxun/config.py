@@ -165,9 +165,9 @@ DEFAULT_KAFKA_FETCH_MAX_BYTES = 57671680
 #: Fetch answer bytes read and not sent yet, all Kafka connections together (at least
 #: twice fetch.max.bytes).
 DEFAULT_KAFKA_FETCH_BUFFER_BYTES = 256 << 20
-#: Kafka group joins wait this long for more members before the first rebalance
-#: (Kafka's default is 3000 ms; 0 here: no long initial delay).
-DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS = 0
+#: A new Kafka group's first join waits this long for more members before its first
+#: rebalance (Kafka's default; 0: the first member starts at once).
+DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS = 3000
 #: Kafka consumer groups the coordinator keeps in memory at most (ours; Kafka has no
 #: such limit): a JoinGroup that would make one more is refused (GROUP_MAX_SIZE_REACHED).
 DEFAULT_MAX_GROUPS = 10_000

@@ -6,9 +6,12 @@ One daemon thread wakes every ``tick_s`` seconds and, per topic:
   (``log.retention.hours`` or its ``topic.log.retention.hours`` override), judged by
   each item's append time, so small topics are trimmed too; then trims the topic to
   ``log.retention.size`` bytes of page files (``-1``: no limit); then unmaps idle pages;
+- the broker's ``log.retention.ms`` and ``log.retention.bytes`` set at run time
+  (``broker_overrides``, :mod:`luxun.dynamic`) win over ``log.retention.hours`` (not
+  over a ``topic.log.retention.hours``) and ``log.retention.size``;
 - a door may override both limits per topic (``topic_overrides``: the Kafka door's
-  ``retention.ms`` and ``retention.bytes`` given at a topic's creation, for each of its
-  partitions); an override wins over the broker's settings for that topic;
+  ``retention.ms`` and ``retention.bytes`` of a topic, for each of its partitions);
+  an override wins over the broker's settings for that topic;
 - flushes (msync) a topic whose flush interval (``log.default.flush.interval.ms`` or
   its ``topic.flush.intervals.ms`` override; ``<= 0``: never) has passed.
 """
@@ -48,6 +51,7 @@ class Maintenance:
         tick_s: float,
         clock_ms: Callable[[], int] = now_ms,
         topic_overrides: RetentionOverrides | None = None,
+        broker_overrides: Callable[[], tuple[int | None, int | None]] | None = None,
     ) -> None:
         self.topics = topics
         self.retention_hours = retention_hours
@@ -59,6 +63,7 @@ class Maintenance:
         self.tick_s = max(0.05, tick_s)
         self._clock_ms = clock_ms
         self.topic_overrides = topic_overrides
+        self.broker_overrides = broker_overrides
         self._stop = threading.Event()
         self._next_cleanup = time.monotonic() + cleanup_interval_s
         self._thread = threading.Thread(target=self._run, name="luxun-maintenance", daemon=True)
@@ -150,6 +155,11 @@ class Maintenance:
         hours = self.topic_retention_hours.get(name, self.retention_hours)
         keep_ms = int(hours * 3_600_000) if hours > 0 else -1
         keep_bytes = self.retention_size_bytes
+        if self.broker_overrides is not None:
+            default_ms, default_bytes = self.broker_overrides()
+            if default_ms is not None and name not in self.topic_retention_hours:
+                keep_ms = default_ms
+            keep_bytes = keep_bytes if default_bytes is None else default_bytes
         if self.topic_overrides is not None:
             try:
                 own_ms, own_bytes = self.topic_overrides(name)

@@ -67,6 +67,32 @@ class BrokerProcess:
         #: The Kafka-protocol port (0: off).
         self.kafka_port = free_port() if kafka else 0
         self.proc: subprocess.Popen[bytes] | None = None
+        #: group.initial.rebalance.delay.ms given to the broker unless its --config sets
+        #: it (0: the suite does not wait 3 s per new group); None: the broker's default.
+        self.initial_rebalance_delay_ms: int | None = 0
+
+    def _extra_args(self) -> list[str]:
+        """``extra`` with group.initial.rebalance.delay.ms set (see
+        :attr:`initial_rebalance_delay_ms`): added to a copy of the --config file, or in
+        a file of its own."""
+        extra = list(self.extra)
+        key = "group.initial.rebalance.delay.ms"
+        if self.initial_rebalance_delay_ms is None:
+            return extra
+        line = f"{key}={self.initial_rebalance_delay_ms}\n"
+        if "--config" in extra:
+            i = extra.index("--config") + 1
+            original = Path(extra[i])
+            text = original.read_text()
+            if any(row.split("=", 1)[0].strip() == key for row in text.splitlines()):
+                return extra
+            merged = original.with_name(original.name + ".tests")
+            merged.write_text(text.rstrip("\n") + "\n" + line)
+            extra[i] = str(merged)
+            return extra
+        own = self.log_path.with_name(self.log_path.name + ".properties")
+        own.write_text(line)
+        return [*extra, "--config", str(own)]
 
     def start(self, timeout_s: float = 20.0) -> BrokerProcess:
         cmd = [
@@ -77,7 +103,7 @@ class BrokerProcess:
             "--metrics-port", str(self.metrics_port),
             *(["--password", f"plain:{PASSWORD}"] if self.password else []),
             *(["--kafka-port", str(self.kafka_port)] if self.kafka_port else []),
-            *self.extra,
+            *self._extra_args(),
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, preexec_fn=self.preexec_fn)

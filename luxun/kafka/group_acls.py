@@ -13,6 +13,8 @@ OffsetFetch            READ on the group, then DESCRIBE on each topic named (its
 DescribeGroups         DESCRIBE on each group (GROUP_AUTHORIZATION_FAILED for that group)
 ListGroups             DESCRIBE on the cluster: every group; else those with DESCRIBE
 DeleteGroups           DELETE on each group (GROUP_AUTHORIZATION_FAILED for that group)
+OffsetDelete           DELETE on the group (GROUP_AUTHORIZATION_FAILED), then READ on each
+                       topic (its partitions TOPIC_AUTHORIZATION_FAILED)
 =====================  =====================================================================
 
 The coordinator itself knows nothing of sessions: :class:`GroupAcls` checks before
@@ -35,7 +37,7 @@ from .sasl import SaslSession
 __all__ = ["GroupAcls"]
 
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 10, 11, 12, 13, 14
-DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
+DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS, OFFSET_DELETE = 15, 16, 42, 47
 TOPIC_AUTHORIZATION_FAILED: Final = 29
 GROUP_AUTHORIZATION_FAILED: Final = 30
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Final = 53
@@ -50,6 +52,10 @@ _MEMBER_REFUSALS: Final[dict[int, dict[str, Any]]] = {
     HEARTBEAT: {"error_code": GROUP_AUTHORIZATION_FAILED},
     LEAVE_GROUP: {"error_code": GROUP_AUTHORIZATION_FAILED, "members": []},
 }  # fmt: skip
+
+
+def _deleted_refusal(partition: int) -> dict[str, Any]:
+    return {"partition_index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED}
 
 
 def _fetched_refusal(partition: int, code: int) -> dict[str, Any]:
@@ -109,7 +115,26 @@ class GroupAcls:
             done = {r["group_id"]: r for r in results}
             refused = {"error_code": GROUP_AUTHORIZATION_FAILED}
             return {"results": [done.get(g) or {"group_id": g} | refused for g in request.groups_names]}
+        if key == OFFSET_DELETE:
+            return self._offset_delete(version, request, session, kw)
         return dict(answer(key, version, request, **kw))
+
+    def _offset_delete(self, version: int, request: Any, session: SaslSession | None,
+                       kw: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        if not self._may(session, _DELETE, _GROUP, request.group_id):
+            return {"error_code": GROUP_AUTHORIZATION_FAILED, "topics": []}
+        allowed = [t for t in request.topics if self._may(session, _READ, _TOPIC, t.name)]
+        values = dict(
+            self.groups.answer(OFFSET_DELETE, version, dataclasses.replace(request, topics=tuple(allowed)), **kw)
+        )
+        refused = [
+            {"name": t.name, "partitions": [_deleted_refusal(p.partition_index) for p in t.partitions]}
+            for t in request.topics
+            if t not in allowed
+        ]
+        if refused and values.get("error_code", 0) == 0:
+            values["topics"] = [*values.get("topics", []), *refused]
+        return values
 
     def _find_coordinator(self, version: int, request: Any, session: SaslSession | None,
                           kw: dict[str, Any]) -> dict[str, Any]:  # fmt: skip

@@ -1,5 +1,5 @@
 """Kafka's group APIs outside the membership protocol: DescribeGroups, ListGroups,
-DeleteGroups, OffsetCommit and OffsetFetch (committed offsets live on the topics, see
+DeleteGroups, OffsetDelete, OffsetCommit and OffsetFetch (committed offsets live on the topics, see
 :mod:`.offsets`). A mixin of :class:`~luxun.kafka.groups.GroupCoordinator`.
 
 Thread-safety: every method may be called from any thread.
@@ -8,6 +8,7 @@ Thread-safety: every method may be called from any thread.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -21,6 +22,8 @@ log = logging.getLogger("luxun.kafka.groups")
 
 _E = ErrorCode
 _NO_AUTHORIZED_OPERATIONS: Final = -(2**31)
+_I16: Final = struct.Struct(">h")
+_I32: Final = struct.Struct(">i")
 
 
 class GroupAdmin(GroupRegistry):
@@ -118,6 +121,44 @@ class GroupAdmin(GroupRegistry):
         log.info("group %r deleted with its committed offsets", group_id)
         return _E.none
 
+    # -- OffsetDelete ----------------------------------------------------------------------------
+    def _offset_delete(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
+        """As Kafka's coordinator: an Empty group (or one known by its offsets only) loses
+        the offsets asked; a consumer group with members keeps those of the topics its
+        members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC) and loses the others; another
+        group with members: NON_EMPTY_GROUP."""
+        group_id = request.group_id
+        if not valid_group_id(group_id):
+            return {"error_code": _E.invalid_group_id, "topics": []}
+        with self._locked(group_id) as group:
+            subscribed: set[str] = set()
+            if group is None or group.state is GroupState.DEAD:
+                if group is not None or not self.offsets.has_offsets(group_id):
+                    return {"error_code": _E.group_id_not_found, "topics": []}
+            elif group.state is not GroupState.EMPTY:
+                if group.protocol_type != "consumer":
+                    return {"error_code": _E.non_empty_group, "topics": []}
+                for m in group.members.values():
+                    subscribed |= subscribed_topics(m.metadata(group.protocol_name))
+
+            def delete(topic: str, partition: int) -> ErrorCode:
+                if topic in subscribed:
+                    return _E.group_subscribed_to_topic
+                return self.offsets.delete(group_id, topic, partition)
+
+            topics = [
+                {
+                    "name": t.name,
+                    "partitions": [
+                        {"partition_index": p.partition_index, "error_code": delete(t.name, p.partition_index)}
+                        for p in t.partitions
+                    ],
+                }
+                for t in request.topics
+            ]
+        log.info("OffsetDelete of group %r: %s", group_id, [(t["name"], t["partitions"]) for t in topics])
+        return {"error_code": _E.none, "topics": topics}
+
     # -- OffsetCommit, OffsetFetch ---------------------------------------------------------------
     def _offset_commit(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
         group_id = request.group_id
@@ -157,7 +198,10 @@ class GroupAdmin(GroupRegistry):
         def store(topic: str, p: Any) -> ErrorCode:
             if error is not None:
                 return error
-            return self.offsets.commit(group_id, topic, p.partition_index, p.committed_offset, p.committed_metadata)
+            epoch = getattr(p, "committed_leader_epoch", -1)  # OffsetCommit v6+
+            return self.offsets.commit(
+                group_id, topic, p.partition_index, p.committed_offset, p.committed_metadata, epoch
+            )
 
         return {
             "topics": [
@@ -204,19 +248,39 @@ class GroupAdmin(GroupRegistry):
         for name, parts in wanted:
             rows = []
             for p in parts:
-                offset, metadata, code = self.offsets.fetch(group_id, name, p)
-                rows.append(_fetched(p, offset, metadata, code))
+                offset, metadata, code, epoch = self.offsets.fetch(group_id, name, p)
+                rows.append(_fetched(p, offset, metadata, code, epoch))
                 if code is _E.group_authorization_failed:  # read by Thrift consumers (docs/groups.md)
                     group_error = code
             out.append({"name": name, "partitions": rows})
         return {"group_id": group_id, "error_code": group_error, "topics": out}
 
 
-def _fetched(partition: int, offset: int, metadata: str, code: ErrorCode) -> dict[str, Any]:
+def subscribed_topics(metadata: bytes) -> set[str]:
+    """The topics of a consumer's subscription (the ``consumer`` protocol's member
+    metadata: version i16, then the topics as an array of strings, in every version);
+    none if it does not parse (as Kafka, which then lets their offsets be deleted)."""
+    topics: set[str] = set()
+    try:
+        (count,) = _I32.unpack_from(metadata, 2)
+        pos = 6
+        for _ in range(count):
+            (size,) = _I16.unpack_from(metadata, pos)
+            pos += 2
+            if size < 0 or pos + size > len(metadata):
+                return set()
+            topics.add(metadata[pos : pos + size].decode())
+            pos += size
+    except (struct.error, UnicodeDecodeError):
+        return set()
+    return topics
+
+
+def _fetched(partition: int, offset: int, metadata: str, code: ErrorCode, epoch: int = -1) -> dict[str, Any]:
     return {
         "partition_index": partition,
         "committed_offset": offset,
-        "committed_leader_epoch": -1,
+        "committed_leader_epoch": epoch,
         "metadata": metadata,
         "error_code": code,
     }

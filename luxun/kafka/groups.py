@@ -12,8 +12,8 @@ port given to :class:`GroupCoordinator`). A group goes through Kafka's states:
     all members have joined, or until the rebalance timeout (the largest of the
     members') when the ones missing are removed. An empty group waits
     ``initial_rebalance_delay_ms`` more for others (Kafka's
-    group.initial.rebalance.delay.ms; 0 here by default, so a lone consumer starts at
-    once).
+    group.initial.rebalance.delay.ms; 3000 ms by default, as Kafka: a lone consumer
+    of a new group starts after it).
 ``CompletingRebalance``
     the JoinGroups are answered with a new generation; the leader (the first member to
     join) gets every member's metadata for the protocol chosen (one every member
@@ -96,8 +96,8 @@ _limited = RateLimitedLog(log)
 #: Kafka's defaults (group.min.session.timeout.ms, group.max.session.timeout.ms).
 DEFAULT_MIN_SESSION_TIMEOUT_MS: Final = 6000
 DEFAULT_MAX_SESSION_TIMEOUT_MS: Final = 1_800_000
-#: group.initial.rebalance.delay.ms (Kafka's default is 3000; ours starts at once).
-DEFAULT_INITIAL_REBALANCE_DELAY_MS: Final = 0
+#: group.initial.rebalance.delay.ms (Kafka's default).
+DEFAULT_INITIAL_REBALANCE_DELAY_MS: Final = 3000
 #: How long an Empty group without members stays in memory after its last request.
 DEFAULT_EMPTY_GROUP_TTL_MS: Final = 300_000
 #: How often the background thread looks for expired sessions and rebalances (s).
@@ -107,6 +107,7 @@ TICK_S: Final = 0.1
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, OFFSET_COMMIT, OFFSET_FETCH, DELETE_GROUPS = 15, 16, 8, 9, 42
 CONSUMER_GROUP_HEARTBEAT = 68
+OFFSET_DELETE = 47
 
 _E = ErrorCode
 
@@ -145,6 +146,7 @@ class GroupCoordinator(GroupAdmin):
         DESCRIBE_GROUPS: (0, 6),
         LIST_GROUPS: (0, 5),
         DELETE_GROUPS: (0, 2),
+        OFFSET_DELETE: (0, 0),
     }
     #: API key -> versions :meth:`handle` takes but answers with an error
     #: (UNSUPPORTED_VERSION): not to be advertised by ApiVersions.
@@ -200,6 +202,7 @@ class GroupCoordinator(GroupAdmin):
             OFFSET_COMMIT: self._offset_commit,
             OFFSET_FETCH: self._offset_fetch,
             DELETE_GROUPS: self._delete_groups,
+            OFFSET_DELETE: self._offset_delete,
             CONSUMER_GROUP_HEARTBEAT: self._consumer_group_heartbeat,
         }
         self._reaper = threading.Thread(target=self._reap, name="kafka-group-coordinator", daemon=True)

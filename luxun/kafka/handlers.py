@@ -8,6 +8,10 @@ ApiVersions, error UNSUPPORTED_VERSION in the v0 layout with our ranges (KIP-511
 client then retries with a version we have); for any other API the connection is
 closed, as Kafka does with a request it cannot parse.
 
+The admin APIs of topics, configs and records (CreatePartitions, DescribeConfigs,
+AlterConfigs, IncrementalAlterConfigs, DeleteRecords) are answered by
+:class:`~luxun.kafka.admin.KafkaAdmin`; OffsetDelete by the group coordinator.
+
 Produce with ``acks=0`` gets no response at all, as in Kafka. A Fetch waits up to its
 ``max_wait`` for ``min_bytes`` on a condition every append to one of its partitions
 sets (the long-poll machinery of the Thrift consume; a produce completes it at once).
@@ -41,12 +45,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
+from ..dynamic import DynamicBrokerConfigs
 from ..logs import RateLimitedLog
 from ..metrics import Metrics
 from ..net import DEFAULT_MAX_BUFFERED_BYTES, OutputBudget
 from . import protocol as P
 from .acl_apis import SecurityApis
 from .acls import ALL_OPERATIONS, CLUSTER_NAME, NO_AUTHORIZED_OPERATIONS, Authorizer, Operation, ResourceType
+from .admin import KafkaAdmin
 from .group_acls import GroupAcls
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
 from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
@@ -75,6 +81,11 @@ DELETE_GROUPS: Final = 42
 DESCRIBE_USER_SCRAM_CREDENTIALS: Final = 50
 ALTER_USER_SCRAM_CREDENTIALS: Final = 51
 DESCRIBE_CLUSTER: Final = 60
+CREATE_PARTITIONS: Final = 37
+DELETE_RECORDS: Final = 21
+OFFSET_DELETE: Final = 47
+ALTER_CONFIGS: Final = 33
+INCREMENTAL_ALTER_CONFIGS: Final = 44
 
 #: The versions served of the APIs this module answers: min, max.
 VERSIONS: Final[dict[int, tuple[int, int]]] = {
@@ -90,6 +101,10 @@ VERSIONS: Final[dict[int, tuple[int, int]]] = {
     DESCRIBE_CLUSTER: (0, 1),
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),
+    CREATE_PARTITIONS: (0, 3),
+    DELETE_RECORDS: (0, 2),
+    ALTER_CONFIGS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
     DESCRIBE_ACLS: (1, 3),
     CREATE_ACLS: (1, 3),
     DELETE_ACLS: (1, 3),
@@ -111,9 +126,6 @@ UNSUPPORTED_SASL_MECHANISM: Final = 33
 ILLEGAL_SASL_STATE: Final = 34
 SASL_AUTHENTICATION_FAILED: Final = 58
 INVALID_REPLICA_ASSIGNMENT: Final = 39
-#: DescribeConfigs config sources: set on the topic; the broker's default.
-_TOPIC_CONFIG: Final = 1
-_DEFAULT_CONFIG: Final = 5
 CLUSTER_ID: Final = "luxun-" + uuid.uuid5(uuid.NAMESPACE_DNS, "luxun").hex[:16]
 #: Fetch waits at most this long whatever the client asks (Kafka clients ask 500 ms).
 MAX_FETCH_WAIT_S: Final = 30.0
@@ -151,6 +163,8 @@ class KafkaHandler:
             is checked, as a Kafka broker without an authorizer.
         transactions: the transaction coordinator (:mod:`luxun.kafka.transactions`), or
             None: transactional producers are refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
+        broker_configs: the broker configs Kafka clients may change (the admin APIs,
+            :mod:`luxun.kafka.admin`); None: none.
     """
 
     def __init__(
@@ -167,6 +181,7 @@ class KafkaHandler:
         output_budget: OutputBudget | None = None,
         acls: Authorizer | None = None,
         transactions: Any = None,
+        broker_configs: DynamicBrokerConfigs | None = None,
     ) -> None:
         self.log = kafka_log
         self.metrics = metrics or Metrics()
@@ -202,7 +217,6 @@ class KafkaHandler:
             CREATE_TOPICS: self.create_topics,
             DELETE_TOPICS: self.delete_topics,
             INIT_PRODUCER_ID: self.init_producer_id,
-            DESCRIBE_CONFIGS: self.describe_configs,
             DESCRIBE_CLUSTER: self.describe_cluster,
             SASL_HANDSHAKE: self.sasl_handshake,
             SASL_AUTHENTICATE: self.sasl_authenticate,
@@ -212,6 +226,16 @@ class KafkaHandler:
             DESCRIBE_USER_SCRAM_CREDENTIALS: self._security(self.security.describe_user_scram_credentials),
             ALTER_USER_SCRAM_CREDENTIALS: self._security(self.security.alter_user_scram_credentials),
         }
+        #: The broker configs Kafka clients may change (AlterConfigs); None: none.
+        self.broker_configs = broker_configs
+        self.admin = KafkaAdmin(
+            kafka_log, node_id=node_id, metrics=self.metrics, broker_configs=broker_configs, acls=self.acls
+        )
+        self._methods[CREATE_PARTITIONS] = self.admin.create_partitions
+        self._methods[DELETE_RECORDS] = self.admin.delete_records
+        self._methods[DESCRIBE_CONFIGS] = self.admin.describe_configs
+        self._methods[ALTER_CONFIGS] = self.admin.alter_configs
+        self._methods[INCREMENTAL_ALTER_CONFIGS] = self.admin.incremental_alter_configs
         self._flexible: dict[tuple[int, int], bool] = {}
 
     # -- frames ------------------------------------------------------------------------
@@ -690,7 +714,7 @@ class KafkaHandler:
             "error_message": None,
             "num_partitions": partitions,
             "replication_factor": 1,
-            "configs": [] if info is None else self._topic_configs(info, ()),
+            "configs": [] if info is None else self.admin.topic_configs(info),
         }
 
     def delete_topics(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
@@ -710,49 +734,6 @@ class KafkaHandler:
                 self.metrics.count_kafka_error(code)
             responses.append({"name": name, "error_code": code, "error_message": message})
         return self._response(header, responses=responses)
-
-    def describe_configs(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
-        results = []
-        for r in request.resources:
-            configs: list[dict[str, Any]] = []
-            code, message = NONE, None
-            if int(r.resource_type) == 2 and not self._may(session, _DESCRIBE_CONFIGS, _TOPIC, r.resource_name):
-                code, message = TOPIC_AUTHORIZATION_FAILED, "Authorization failed."
-            elif int(r.resource_type) in (4, 8) and not self._may(session, _DESCRIBE_CONFIGS, _CLUSTER, CLUSTER_NAME):
-                code, message = CLUSTER_AUTHORIZATION_FAILED, "Authorization failed."  # broker, broker logger
-            elif int(r.resource_type) == 2:  # topic
-                info = self.log.describe(r.resource_name)
-                if info is None:
-                    code, message = UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist"
-                else:
-                    configs = self._topic_configs(info, r.configuration_keys or ())
-            results.append(
-                {
-                    "error_code": code,
-                    "error_message": message,
-                    "resource_type": r.resource_type,
-                    "resource_name": r.resource_name,
-                    "configs": configs,
-                }
-            )
-        return self._response(header, results=results)
-
-    def _topic_configs(self, info: Any, keys: Any) -> list[dict[str, Any]]:
-        """A topic's configs for DescribeConfigs (only ``keys``, if any) and CreateTopics:
-        those set at its creation (source TOPIC_CONFIG), then luxun's settings of the
-        others it shows (source DEFAULT_CONFIG). Read-only: there is no AlterConfigs."""
-        values = {
-            "message.timestamp.type": (info.timestamp_type, _DEFAULT_CONFIG),
-            "max.message.bytes": (str(self.log.max_message_bytes), _DEFAULT_CONFIG),
-            "cleanup.policy": ("delete", _DEFAULT_CONFIG),
-        }
-        for k, v in info.configs.items():
-            values[k] = (v, _TOPIC_CONFIG)
-        return [
-            {"name": k, "value": v, "read_only": True, "config_source": source, "is_sensitive": False}
-            for k, (v, source) in values.items()
-            if not keys or k in keys
-        ]
 
     # -- producers ---------------------------------------------------------------------
     def init_producer_id(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:

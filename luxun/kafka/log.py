@@ -52,7 +52,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -62,6 +62,7 @@ from bigarray import ArrayClosedError, IndexOutOfRangeError, InvalidNameError, I
 from bigarray import format as fmt
 
 from .. import records as rec
+from ..files import replace_file
 from ..logs import RateLimitedLog
 from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
 from ..topics import (
@@ -73,6 +74,7 @@ from ..topics import (
     TopicStorageError,
     UnknownTopicError,
 )
+from .logstart import LogStarts
 from .timeindex import TimeIndex
 from .topic_configs import ConfigProblem, check_topic_configs
 from .txnindex import TxnIndex, control_batch, control_type
@@ -222,6 +224,9 @@ class KafkaLog:
         #: The transaction coordinator's check of a transactional batch: ``(producer id,
         #: epoch, luxun topic) -> (error, message) or None``; None: transactions off.
         self.transactions: Any = None
+        #: Held while a topic's settings change (partitions added, configs altered).
+        self._alter_lock = threading.Lock()
+        self._starts = LogStarts(topics.data_dir)
         topics.add_delete_listener(self._forget)
 
     def _forget(self, name: str) -> None:
@@ -229,6 +234,7 @@ class KafkaLog:
         partition 0, its topic's settings go with it."""
         with self._states_lock:
             self._states.pop(name, None)
+        self._starts.forget(name)
         topic, partition = partition_of(name)
         if partition == 0:
             with self._infos_lock:
@@ -250,9 +256,7 @@ class KafkaLog:
             # Being created (or its creation was interrupted): not a topic yet. Checked
             # before reading kafka.json, which replaces the .tmp in one rename.
             return None
-        settings: dict[str, Any] = {}
-        with contextlib.suppress(ValueError, OSError), open(path, encoding="utf-8") as f:
-            settings = json.load(f)
+        settings = self._read_settings(topic)
         try:
             topic_id = uuid.UUID(str(settings["topic_id"]))
         except (KeyError, ValueError):
@@ -345,23 +349,17 @@ class KafkaLog:
         except OSError as exc:
             log.warning("cannot create topic %r: %s", topic, exc)
             return KAFKA_STORAGE_ERROR, f"cannot create topic {topic!r}: {exc}"
-        made: list[str] = []
-        try:
-            for p in range(partitions - 1, -1, -1):  # partition 0 last: it takes the staged directory
-                name = partition_topic(topic, p)
-                existed = self.topics.known(name)
-                self.topics.get_or_create(name)
-                if not existed:
-                    made.append(name)
-            path = self._settings_path(topic)
-            os.replace(path + ".tmp", path)
-        except (TopicLimitError, InvalidNameError) as exc:
-            self._undo_create(topic, made)
-            return POLICY_VIOLATION, str(exc)
-        except (OSError, TopicStorageError) as exc:
-            self._undo_create(topic, made)
-            log.warning("cannot create topic %r: %s", topic, exc)
-            return KAFKA_STORAGE_ERROR, f"cannot create topic {topic!r}: {exc}"
+        path = self._settings_path(topic)
+        # partition 0 last: it takes the staged directory
+        code, message = self._make_partitions(
+            topic,
+            range(partitions - 1, -1, -1),
+            lambda: os.replace(path + ".tmp", path),
+            lambda made: self._undo_create(topic, made),
+            f"create topic {topic!r}",
+        )
+        if code != NONE:
+            return code, message
         with self._infos_lock:
             self._infos.pop(topic, None)
         log.info("created topic %r with %d partitions (Kafka)", topic, partitions)
@@ -392,16 +390,48 @@ class KafkaLog:
                 raise FileExistsError(*exc.args) from exc
             raise
 
-    def _undo_create(self, topic: str, made: list[str]) -> None:
+    def _make_partitions(
+        self,
+        topic: str,
+        numbers: Iterable[int],
+        finish: Callable[[], None],
+        undo: Callable[[list[str]], None],
+        what: str,
+    ) -> tuple[int, str | None]:
+        """Make the luxun topics of ``topic``'s partitions ``numbers`` in that order (one
+        that exists is kept), then ``finish()``; if either fails, ``undo(the ones made)``
+        and answer POLICY_VIOLATION (a limit) or KAFKA_STORAGE_ERROR, naming ``what``."""
+        made: list[str] = []
+        try:
+            for p in numbers:
+                name = partition_topic(topic, p)
+                existed = self.topics.known(name)
+                self.topics.get_or_create(name)
+                if not existed:
+                    made.append(name)
+            finish()
+        except (TopicLimitError, InvalidNameError) as exc:
+            undo(made)
+            return POLICY_VIOLATION, str(exc)
+        except (OSError, TopicStorageError) as exc:
+            undo(made)
+            log.warning("cannot %s: %s", what, exc)
+            return KAFKA_STORAGE_ERROR, f"cannot {what}: {exc}"
+        return NONE, None
+
+    def _undo_create(self, topic: str, made: list[str], *, keep_topic: bool = False) -> None:
         """A creation refused part-way (another creation took the last of max.topics
         meanwhile, a full disk, too many open files): the partitions it made go again,
         and the staged directory of partition 0, so nothing is left behind, invisible
-        to Kafka clients and counted against the limit."""
+        to Kafka clients and counted against the limit. ``keep_topic``: a refused
+        CreatePartitions; only the partitions it made go."""
         for name in made:
             try:
                 self.topics.delete(name)
             except Exception:
                 log.exception("removing partition %r of the refused topic %r failed", name, topic)
+        if keep_topic:
+            return
         path = os.path.join(self.topics.data_dir, topic)
         if self.topics.known(topic):  # made by a Thrift produce meanwhile: it stays, without our settings
             with contextlib.suppress(OSError):
@@ -416,6 +446,119 @@ class KafkaLog:
             log.exception("removing the directory of the refused topic %r failed", topic)
             return
         shutil.rmtree(trash, ignore_errors=True)
+
+    def _read_settings(self, topic: str) -> dict[str, Any]:
+        """The topic's ``kafka.json`` as a dict (empty: none, or unreadable)."""
+        with contextlib.suppress(ValueError, OSError), open(self._settings_path(topic), encoding="utf-8") as f:
+            settings = json.load(f)
+            return settings if isinstance(settings, dict) else {}
+        return {}
+
+    def write_settings(self, topic: str, info: TopicInfo, **changes: Any) -> None:
+        """Replace the topic's ``kafka.json`` by ``info``'s settings with ``changes``,
+        crash-safely (:func:`luxun.files.replace_file`: after a crash the file is the old
+        one or the new one, whole). Forgets the cached info.
+
+        Raises:
+            OSError: the disk refused (the old settings stay).
+        """
+        settings = self._read_settings(topic)
+        settings.update(
+            partitions=info.partitions,
+            topic_id=str(info.topic_id),
+            timestamp_type=info.timestamp_type,
+            configs=dict(info.configs),
+        )
+        settings.update(changes)
+        replace_file(self._settings_path(topic), json.dumps(settings).encode())
+        with self._infos_lock:
+            self._infos.pop(topic, None)
+
+    def add_partitions(
+        self, topic: str, count: int, *, validate_only: bool = False, reserved: int = 0
+    ) -> tuple[int, str | None]:
+        """Grow ``topic`` to ``count`` partitions (Kafka's CreatePartitions): ``(error
+        code, message)``. Checked as Kafka's broker checks (the topic exists, ``count``
+        is more than today's, at most 10000 as at creation), then ``max.topics`` (each new
+        partition is a luxun topic; ``reserved``: as in :meth:`create`); with
+        ``validate_only`` nothing is made.
+
+        Crash-safe like a creation: the new partitions ``T~n..T~count-1`` are made
+        (empty) first, then ``kafka.json`` is rewritten with the new count
+        (:meth:`write_settings`): Kafka clients see them from then on. A crash between
+        leaves empty partitions beyond the count in ``kafka.json``, which
+        :func:`remove_interrupted_creations` removes at the next start.
+        """
+        with self._alter_lock:
+            info = self.describe(topic)
+            if info is None:
+                return UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{topic}' does not exist."
+            if count < info.partitions:
+                return INVALID_PARTITIONS, (
+                    f"Topic currently has {info.partitions} partitions, which is higher than the requested {count}."
+                )
+            if count == info.partitions:
+                return INVALID_PARTITIONS, f"Topic already has {info.partitions} partitions."
+            if count > 10_000:
+                return INVALID_PARTITIONS, f"at most 10000 partitions per topic, not {count}"
+            added = count - info.partitions
+            limit, held = self.topics.max_topics, self.topics.count() + reserved
+            if limit > 0 and held + added > limit:
+                return POLICY_VIOLATION, (
+                    f"cannot add {added} partition(s) to topic {topic!r}: the broker holds {held} of "
+                    f"max.topics={limit} topics (each partition is one)"
+                )
+            if validate_only:
+                return NONE, None
+            code, message = self._make_partitions(
+                topic,
+                range(info.partitions, count),
+                lambda: self.write_settings(topic, info, partitions=count),
+                lambda made: self._undo_create(topic, made, keep_topic=True),
+                f"add partitions to topic {topic!r}",
+            )
+            if code != NONE:
+                return code, message
+        log.info("topic %r now has %d partitions (was %d, Kafka CreatePartitions)", topic, count, info.partitions)
+        return NONE, None
+
+    def alter_configs(
+        self,
+        topic: str,
+        change: Callable[[Mapping[str, str]], Iterable[tuple[str, str | None]]],
+        *,
+        validate_only: bool = False,
+    ) -> tuple[int, str | None]:
+        """Replace ``topic``'s configs by ``change(its configs now)`` (AlterConfigs gives
+        the whole new set; IncrementalAlterConfigs derives it): ``(error code, message)``.
+
+        The new set is checked as at creation (:func:`check_topic_configs`: INVALID_CONFIG
+        naming the first refused config), then kept in ``kafka.json``
+        (:meth:`write_settings`, crash-safe) unless ``validate_only``. It takes effect at
+        once: ``message.timestamp.type`` for the next produce, ``retention.ms`` and
+        ``retention.bytes`` at the next retention pass.
+
+        Raises:
+            ConfigProblem: from ``change``, answered as INVALID_CONFIG.
+        """
+        with self._alter_lock:
+            info = self.describe(topic)
+            if info is None:
+                return UNKNOWN_TOPIC_OR_PARTITION, f"Topic {topic} does not exist"
+            try:
+                kept = check_topic_configs(change(info.configs), max_message_bytes=self.max_message_bytes)
+            except ConfigProblem as exc:
+                return INVALID_CONFIG, str(exc)
+            if validate_only:
+                return NONE, None
+            timestamp_type = kept.get("message.timestamp.type", "CreateTime")
+            try:
+                self.write_settings(topic, info, configs=kept, timestamp_type=timestamp_type)
+            except OSError as exc:
+                log.warning("cannot change the configs of topic %r: %s", topic, exc)
+                return KAFKA_STORAGE_ERROR, f"cannot change the configs of topic {topic!r}: {exc}"
+        log.info("topic %r configs now %s (Kafka AlterConfigs)", topic, kept or "the defaults")
+        return NONE, None
 
     def retention_overrides(self, name: str) -> tuple[int | None, int | None]:
         """``retention.ms`` and ``retention.bytes`` given at the creation of the Kafka
@@ -507,7 +650,7 @@ class KafkaLog:
             self._rebuild_producers(part.queue, state)
         duplicate = self._check_sequences(state, batches, part.name)
         if isinstance(duplicate, ProduceResult):
-            duplicate.log_start_offset = part.queue.log_start_offset
+            duplicate.log_start_offset = self.log_start(part)
             return duplicate
         now = int(time.time() * 1000)
         items = [rec.with_log_append_time(b.data, now) if log_append else b.data for b in batches]
@@ -528,7 +671,7 @@ class KafkaLog:
                     self._txns(state, queue).begin(b.producer_id, offset)
             offset += b.record_count
         return ProduceResult(
-            base_offset=base, log_append_time=now if log_append else -1, log_start_offset=queue.log_start_offset
+            base_offset=base, log_append_time=now if log_append else -1, log_start_offset=self.log_start(part)
         )
 
     @staticmethod
@@ -727,7 +870,8 @@ class KafkaLog:
         info = self.describe(topic)
         if info is None or partition >= info.partitions:
             return None
-        return FetchResult(high_watermark=ends[1], log_start_offset=ends[0], records=b"")
+        start = max(ends[0], min(self._starts.get(partition_topic(topic, partition)), ends[1]))
+        return FetchResult(high_watermark=ends[1], log_start_offset=start, records=b"")
 
     def _read_committed(self, part: Topic, offset: int, max_bytes: int, at_least_one: bool) -> FetchResult:
         """A read_committed read: below the last stable offset, with the aborted
@@ -743,7 +887,7 @@ class KafkaLog:
         self, part: Topic, offset: int, max_bytes: int, at_least_one: bool, stable: int | None = None
     ) -> FetchResult:
         array = part.queue
-        start, end = array.log_start_offset, array.next_offset
+        start, end = self.log_start(part), array.next_offset
         if offset < start or offset > end:
             return FetchResult(error=OFFSET_OUT_OF_RANGE, high_watermark=end, log_start_offset=start)
         visible = end if stable is None else min(stable, end)
@@ -828,8 +972,9 @@ class KafkaLog:
         queue = part.queue
         if timestamp == -1:
             return NONE, queue.next_offset, -1
+        start = self.log_start(part)
         if timestamp == -2:
-            return NONE, queue.log_start_offset, -1
+            return NONE, start, -1
         state = self._state(part.name)
         with state.lock:  # the index is read and extended by produce under this lock
             times = self._times(state, queue)
@@ -846,12 +991,13 @@ class KafkaLog:
                 return KAFKA_STORAGE_ERROR, -1, -1
         if index is None or target is None:
             return NONE, -1, -1
-        offset, found = self._record_at(queue, index, target)
+        offset, found = self._record_at(queue, index, target, start)
         return NONE, offset, found
 
     @staticmethod
-    def _record_at(queue: Any, index: int, target: int) -> tuple[int, int]:
-        """``(offset, timestamp)`` of the first record of item ``index`` whose timestamp
+    def _record_at(queue: Any, index: int, target: int, start: int = 0) -> tuple[int, int]:
+        """``(offset, timestamp)`` of the first record of item ``index`` at or after
+        ``start`` (the log start: DeleteRecords may put it inside a batch) whose timestamp
         is >= ``target`` (the item's timestamp, as the time index knows it, is). Only
         this one batch is decompressed (bounded: :func:`luxun.records.batch_records`)."""
         first = queue.first_offset(index)
@@ -865,10 +1011,74 @@ class KafkaLog:
             return first, int(_I64.unpack_from(data, rec.MAX_TIMESTAMP_OFFSET)[0])
         stored_base = int(_I64.unpack_from(data, 0)[0])
         for r in records:
-            if r.timestamp >= target:
+            if r.timestamp >= target and first + r.offset - stored_base >= start:
                 return first + r.offset - stored_base, r.timestamp
         # a header whose maxTimestamp no record has: its first record, as it claims
         return first, int(_I64.unpack_from(data, rec.MAX_TIMESTAMP_OFFSET)[0])
+
+    # -- the log start (DeleteRecords) -------------------------------------------------
+    def log_start(self, part: Topic) -> int:
+        """The partition's first offset Kafka clients may read: its array's log start, or
+        the one a DeleteRecords set inside a batch (:mod:`.logstart`), whichever is larger.
+        A DeleteRecords interrupted by a crash after keeping its offset and before moving
+        tail is finished here."""
+        queue = part.queue
+        start, kept = queue.log_start_offset, self._starts.get(part.name)
+        if kept <= start:
+            return start
+        kept = min(kept, queue.next_offset)
+        index = queue.find_offset(kept)
+        if index > queue.tail:
+            with contextlib.suppress(IndexOutOfRangeError):
+                queue.remove_before_index(index)
+        return kept
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> tuple[int, int, str | None]:
+        """Kafka's DeleteRecords of one partition: ``(error, low watermark, message)``.
+
+        ``offset`` -1 is the high watermark; another negative offset, or one above the
+        high watermark, is OFFSET_OUT_OF_RANGE; one at or below the log start changes
+        nothing. Else the offset is kept (durably, :mod:`.logstart`), then tail moves to
+        the item holding it and the pages wholly below are deleted, as retention deletes
+        them (:meth:`bigarray.BigArray.remove_before_index`): a Thrift consumer by index
+        below the new tail gets INDEX_OUT_OF_BOUNDS, as after retention.
+        """
+        for _attempt in range(3):
+            part = self._partition(topic, partition)
+            if part is None:
+                return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} does not exist"
+            try:
+                with self._alter_lock:
+                    return self._delete_records(part, offset)
+            except (ArrayClosedError, IndexOutOfRangeError):
+                continue  # closed to make room meanwhile: again
+            except OSError as exc:
+                _limited.error("delete-records", "DeleteRecords of %s-%d failed: %s", topic, partition, exc)
+                return KAFKA_STORAGE_ERROR, -1, f"cannot delete records of {topic}-{partition}: {exc}"
+        return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} is not available"
+
+    def _delete_records(self, part: Topic, offset: int) -> tuple[int, int, str | None]:
+        queue = part.queue
+        high = queue.next_offset
+        target = high if offset == -1 else offset
+        if target < 0:
+            return OFFSET_OUT_OF_RANGE, -1, f"The offset {offset} for partition {part.name} is not valid"
+        if target > high:
+            return (
+                OFFSET_OUT_OF_RANGE,
+                -1,
+                (
+                    f"Cannot increment the log start offset to {target} of partition {part.name} since it is "
+                    f"larger than the high watermark {high}"
+                ),
+            )
+        start = self.log_start(part)
+        if target <= start:
+            return NONE, start, None
+        self._starts.set(part.name, target)
+        queue.remove_before_index(queue.find_offset(target))
+        log.info("DeleteRecords: partition %r now starts at offset %d (was %d)", part.name, target, start)
+        return NONE, target, None
 
     # -- waiting -----------------------------------------------------------------------
     def wait(self, partitions: Iterable[tuple[str, int]], until: float, enough: Any) -> None:
@@ -918,7 +1128,9 @@ def remove_interrupted_creations(data_dir: str) -> list[str]:
       partition of it stays; otherwise only its ``.tmp`` goes. A ``T`` without a
       ``.tmp`` is a luxun topic of one partition (made by a Thrift produce) and stays.
 
-    A ``kafka.json.tmp`` beside a ``kafka.json`` is removed too.
+    A ``kafka.json.tmp`` beside a ``kafka.json`` is removed too. For a topic with a
+    ``kafka.json`` of ``n`` partitions, each ``T~p`` (p >= n) that never held an item is
+    what an interrupted CreatePartitions made (see :meth:`KafkaLog.add_partitions`) and goes.
     """
     names = sorted(
         e
@@ -936,7 +1148,17 @@ def remove_interrupted_creations(data_dir: str) -> list[str]:
 
     leftovers: dict[str, str] = {}
     for topic, parts in partitions.items():
-        if legal_topic_name(topic) is not None or settled(topic):
+        if legal_topic_name(topic) is not None:
+            continue
+        if settled(topic):  # a CreatePartitions interrupted before kafka.json took the new count
+            count = _settled_partitions(os.path.join(data_dir, topic, SETTINGS_FILE))
+            for name in parts:
+                p = partition_of(name)[1]
+                if p >= count and name not in partitions and _never_written(os.path.join(data_dir, name)):
+                    leftovers[name] = (
+                        f"partition {p} of topic {topic!r}, beyond its {count} partitions in {SETTINGS_FILE} "
+                        "(an interrupted CreatePartitions)"
+                    )
             continue
         for name in parts:
             if name not in partitions and _never_written(os.path.join(data_dir, name)):
@@ -974,6 +1196,16 @@ def remove_interrupted_creations(data_dir: str) -> list[str]:
         removed.append(name)
         log.info("removed %r at start: %s", name, leftovers[name])
     return removed
+
+
+def _settled_partitions(path: str) -> int:
+    """The partition count in the ``kafka.json`` at ``path`` (as :meth:`KafkaLog.describe`
+    reads it; a huge number when unreadable, so nothing is taken for a leftover)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return max(1, int(json.load(f).get("partitions", 1)))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 1 << 62
 
 
 def _never_written(path: str) -> bool:

@@ -9,8 +9,10 @@ position of fanout group ``G`` on the luxun topic ``partition_topic(T, p)``
   a Thrift client's ``getCommitted`` of group ``G`` reads on from the same place (it
   re-reads the whole item: at-least-once);
 * the exact record offset is stored beside it (``FanoutQueue.commit(..., offset=)``)
-  and is what OffsetFetch answers; a position committed by a Thrift client (an index
-  without an offset) reads as the first offset of that item.
+  and is what OffsetFetch answers, with the leader epoch the commit gave (OffsetCommit
+  v6+, ``leader_epoch=``; in the same committed page, -1 when none was given); a
+  position committed by a Thrift client (an index without an offset) reads as the
+  first offset of that item.
 
 So commits are crash-safe (written through the mapped page before the answer) and
 survive a broker restart. The commit's metadata string is kept in memory only (it is
@@ -83,9 +85,12 @@ class OffsetStore:
             for key in [k for k in self._metadata if k[1] == name]:
                 del self._metadata[key]
 
-    def commit(self, group: str, topic: str, partition: int, offset: int, metadata: str | None) -> ErrorCode:
+    def commit(
+        self, group: str, topic: str, partition: int, offset: int, metadata: str | None, leader_epoch: int = -1
+    ) -> ErrorCode:
         """Commit ``offset`` (the next record the group reads) of ``group`` on
-        ``partition`` of ``topic``; the error code of the partition's answer."""
+        ``partition`` of ``topic``, with the ``leader_epoch`` the client gives (OffsetCommit
+        v6+; -1: none); the error code of the partition's answer."""
         if metadata is not None and len(metadata.encode()) > self.max_metadata_bytes:
             return ErrorCode.offset_metadata_too_large
         if offset < 0:  # Kafka stores it; a committed position cannot point before offset 0
@@ -106,10 +111,11 @@ class OffsetStore:
                     name,
                 )
                 return ErrorCode.group_authorization_failed
+            epoch = leader_epoch if 0 <= leader_epoch < 1 << 31 else None
             try:
-                queue.commit(group, array.find_offset(offset), offset=offset)
+                queue.commit(group, array.find_offset(offset), offset=offset, leader_epoch=epoch)
             except IndexOutOfRangeError:  # retention moved tail past it meanwhile
-                queue.commit(group, array.find_offset(offset), offset=offset)
+                queue.commit(group, array.find_offset(offset), offset=offset, leader_epoch=epoch)
             with self._lock:
                 if metadata:
                     self._metadata[(group, name)] = metadata
@@ -119,28 +125,51 @@ class OffsetStore:
 
         return self._on_topic(name, do, "commit", ErrorCode.unknown_topic_or_partition)
 
-    def fetch(self, group: str, topic: str, partition: int) -> tuple[int, str, ErrorCode]:
-        """``(committed offset, metadata, error code)`` of ``group`` on ``partition`` of
-        ``topic``: ``(-1, "", NONE)`` when it has none (or the partition does not exist,
-        as Kafka answers)."""
+    def fetch(self, group: str, topic: str, partition: int) -> tuple[int, str, ErrorCode, int]:
+        """``(committed offset, metadata, error code, leader epoch)`` of ``group`` on
+        ``partition`` of ``topic``: ``(-1, "", NONE, -1)`` when it has none (or the
+        partition does not exist, as Kafka answers); leader epoch -1 when the commit gave
+        none (a Thrift commit, an OffsetCommit before v6, a commit made before luxun kept
+        them)."""
         name = _luxun_name(topic, partition)
         if name is None:
-            return NO_OFFSET, "", ErrorCode.none
-        found: list[int] = []
+            return NO_OFFSET, "", ErrorCode.none, -1
+        found: list[tuple[int, int]] = []
 
         def do(t: Topic) -> ErrorCode:
             if _read_by_thrift(t, group):
                 return ErrorCode.group_authorization_failed
-            found.append(_committed_offset(t, group))
+            epoch = t.queue.committed_leader_epoch(group)
+            found.append((_committed_offset(t, group), -1 if epoch is None else epoch))
             return ErrorCode.none
 
         error = self._on_topic(name, do, "fetch", ErrorCode.none)
-        offset = found[0] if found else NO_OFFSET
+        offset, epoch = found[0] if found else (NO_OFFSET, -1)
         if offset == NO_OFFSET:
-            return NO_OFFSET, "", error
+            return NO_OFFSET, "", error, -1
         with self._lock:
             metadata = self._metadata.get((group, name), "")
-        return offset, metadata, error
+        return offset, metadata, error, epoch
+
+    def delete(self, group: str, topic: str, partition: int) -> ErrorCode:
+        """Delete ``group``'s committed offset on ``partition`` of ``topic`` (Kafka's
+        OffsetDelete): its committed page and position go, as a DeleteGroups removes
+        them. UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist; NONE for one
+        the group has no committed offset on (a position Thrift consumers move by group
+        is theirs and stays)."""
+        name = _luxun_name(topic, partition)
+        if name is None:
+            return ErrorCode.unknown_topic_or_partition
+
+        def do(t: Topic) -> ErrorCode:
+            if t.queue.committed(group) is not None:
+                t.queue.remove_group(group)
+            return ErrorCode.none
+
+        error = self._on_topic(name, do, "delete", ErrorCode.unknown_topic_or_partition)
+        with self._lock:
+            self._metadata.pop((group, name), None)
+        return error
 
     def partitions(self, group: str) -> list[tuple[str, int]]:
         """Every (topic, partition) where ``group`` has a committed position, sorted

@@ -28,7 +28,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["HONOURED", "IGNORED", "ONLY", "TOPIC_CONFIGS", "ConfigProblem", "TopicConfig", "check_topic_configs"]
+__all__ = [
+    "BROKER_CONFIGS",
+    "HONOURED",
+    "IGNORED",
+    "ONLY",
+    "TOPIC_CONFIGS",
+    "ConfigProblem",
+    "TopicConfig",
+    "altered",
+    "check_broker_configs",
+    "check_topic_configs",
+]
 
 INT32_MIN: Final = -(1 << 31)
 INT32_MAX: Final = (1 << 31) - 1
@@ -41,7 +52,9 @@ IGNORED: Final = "accepted, no effect"
 ONLY: Final = "only"
 
 _THROTTLED: Final = re.compile(r"^\d+:\d+$")
-_FORMAT_VERSION: Final = re.compile(r"^\d+\.\d+(\.\d+)?(-IV\d+)?$")
+#: Kafka's MetadataVersion strings: "3.0", "2.8-IV1", "0.10.0", "0.10.0.0" (0.x versions
+#: have 3 parts; Kafka ignores what follows them).
+_FORMAT_VERSION: Final = re.compile(r"^\d+\.\d+(\.\d+){0,2}(-IV\d+)?$")
 
 
 class ConfigProblem(ValueError):
@@ -259,3 +272,83 @@ def _show(value: object) -> str:
     if isinstance(value, list):
         return ",".join(value)
     return str(value)
+
+
+#: The broker configs Kafka clients may set at run time (Kafka's dynamic broker
+#: configs that luxun honours; see :mod:`luxun.dynamic`).
+BROKER_CONFIGS: Final[Mapping[str, TopicConfig]] = {
+    c.name: c
+    for c in (
+        TopicConfig("log.retention.ms", "long", "604800000", HONOURED, lo=-1),
+        TopicConfig("log.retention.bytes", "long", "-1", HONOURED),
+    )
+}
+
+#: IncrementalAlterConfigs operations (Kafka's AlterConfigOp.OpType).
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+_OPS: Final = {SET: "set", DELETE: "delete", APPEND: "append", SUBTRACT: "subtract"}
+
+
+def check_broker_configs(configs: Iterable[tuple[str, str | None]]) -> dict[str, str]:
+    """Check dynamic broker configs (``(name, value)`` pairs): the configs to keep.
+
+    Raises:
+        ConfigProblem: the first refused config: a key luxun does not let clients
+            change at run time (in Kafka's words), a key given twice, a null or
+            invalid value.
+    """
+    kept: dict[str, str] = {}
+    for name, raw in configs:
+        key = BROKER_CONFIGS.get(name)
+        if key is None:
+            raise ConfigProblem(
+                f"Cannot update these configs dynamically: Set({name}) (luxun changes only "
+                f"{', '.join(BROKER_CONFIGS)} at run time)"
+            )
+        if name in kept:
+            raise ConfigProblem(f"Broker config {name} is given more than once")
+        if raw is None:
+            raise ConfigProblem(f"Null value not supported for broker configs: {name}")
+        try:
+            _parse(key, raw)
+        except ValueError as exc:
+            raise ConfigProblem(f"Invalid value {raw} for configuration {name}: {exc}") from None
+        kept[name] = raw.strip()
+    return kept
+
+
+def altered(
+    current: Mapping[str, str], ops: Iterable[tuple[str, int, str | None]], table: Mapping[str, TopicConfig]
+) -> list[tuple[str, str | None]]:
+    """The configs after IncrementalAlterConfigs' ``(name, operation, value)`` changes to
+    ``current``, as Kafka applies them: SET sets, DELETE removes (back to the default),
+    APPEND and SUBTRACT add or remove the elements of a list key (starting from its
+    default when not set). Checked afterwards as a whole (:func:`check_topic_configs`).
+
+    Raises:
+        ConfigProblem: APPEND or SUBTRACT of a key that is not a list (Kafka's words),
+            an unknown operation.
+    """
+    out: dict[str, str | None] = dict(current)
+    for name, op, value in ops:
+        if op == SET:
+            out[name] = value
+        elif op == DELETE:
+            out.pop(name, None)
+        elif op in (APPEND, SUBTRACT):
+            key = table.get(name)
+            if key is None:
+                raise ConfigProblem(f"Unknown topic config name: {name}")
+            if key.kind != "list":
+                raise ConfigProblem(f"Config value {_OPS[op]} is not allowed for config key: {name}")
+            now = out.get(name, key.default) or ""
+            items = [v.strip() for v in now.split(",") if v.strip()]
+            given = [v.strip() for v in (value or "").split(",") if v.strip()]
+            if op == APPEND:
+                items += [v for v in given if v not in items]
+            else:
+                items = [v for v in items if v not in given]
+            out[name] = ",".join(items)
+        else:
+            raise ConfigProblem(f"Unknown config operation {op} for config key: {name}")
+    return list(out.items())

@@ -407,12 +407,12 @@ class TransactionCoordinator:
     def _authorize(self, session: Any, tid: str) -> bool:
         """Whether ``session`` may use transactional id ``tid``: WRITE on its
         TRANSACTIONAL_ID (with SASL off, or for a super user, always)."""
+        return self._may(session, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid)
+
+    def _may(self, session: Any, op: Operation, rtype: ResourceType, name: str) -> bool:
+        """Whether ``session`` may do ``op`` on the resource (SASL off: always)."""
         acls = self.acls
-        return (
-            session is None
-            or acls is None
-            or acls.authorize(session, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid)
-        )
+        return session is None or acls is None or acls.authorize(session, op, rtype, name)
 
     def _init_producer_id(self, request: Any, version: int, session: Any) -> dict[str, Any]:
         tid = request.transactional_id
@@ -503,14 +503,14 @@ class TransactionCoordinator:
             txn = self._check(tid, pid, session)
             with txn.lock:
                 self._check_locked(txn, pid, epoch, version, 2)
-                unknown = {tp for tp in wanted if not self._exists(*tp)}
+                # Kafka: WRITE on each topic; then each partition known
+                denied = {tp for tp in wanted if not self._may(session, Operation.WRITE, ResourceType.TOPIC, tp[0])}
+                first_error = _E.topic_authorization_failed
+                unknown = denied or {tp for tp in wanted if not self._exists(*tp)}
+                if unknown and not denied:
+                    first_error = _E.unknown_topic_or_partition
                 if unknown:
-                    return answer(
-                        {
-                            tp: _E.unknown_topic_or_partition if tp in unknown else _E.operation_not_attempted
-                            for tp in wanted
-                        }
-                    )
+                    return answer({tp: first_error if tp in unknown else _E.operation_not_attempted for tp in wanted})
                 self._begin(txn)
                 txn.partitions.update(partition_topic(t, p) for t, p in wanted)
                 self._persist(txn)
@@ -526,6 +526,8 @@ class TransactionCoordinator:
     def _add_offsets(self, request: Any, version: int, session: Any) -> dict[str, Any]:
         try:
             txn = self._check(request.transactional_id, request.producer_id, session)
+            if not self._may(session, Operation.READ, ResourceType.GROUP, request.group_id):
+                raise _Refused(_E.group_authorization_failed)
             with txn.lock:
                 self._check_locked(txn, request.producer_id, request.producer_epoch, version, 2)
                 if not request.group_id:
@@ -558,6 +560,8 @@ class TransactionCoordinator:
         wanted = [(t.name, p) for t in request.topics for p in t.partitions]
         try:
             txn = self._check(request.transactional_id, request.producer_id, session)
+            if not self._may(session, Operation.READ, ResourceType.GROUP, request.group_id):
+                raise _Refused(_E.group_authorization_failed)
             with txn.lock:
                 self._check_locked(txn, request.producer_id, request.producer_epoch, version, None)
                 pending = txn.offsets.get(request.group_id)
@@ -565,7 +569,9 @@ class TransactionCoordinator:
                     raise _Refused(_E.invalid_txn_state)
                 for topic, p in wanted:
                     meta = p.committed_metadata
-                    if not self._exists(topic, p.partition_index):
+                    if not self._may(session, Operation.READ, ResourceType.TOPIC, topic):
+                        codes[(topic, p.partition_index)] = _E.topic_authorization_failed
+                    elif not self._exists(topic, p.partition_index):
                         codes[(topic, p.partition_index)] = _E.unknown_topic_or_partition
                     elif meta is not None and len(meta.encode()) > self.offsets.max_metadata_bytes:
                         codes[(topic, p.partition_index)] = _E.offset_metadata_too_large

@@ -151,7 +151,7 @@ def test_a_commit_names_a_message_inside_an_item(tmp_path: Path) -> None:
         q.commit("g", 4, message=3)  # items 0..3 and messages 0..2 of item 4 processed
         assert (q.committed("g"), q.committed_message("g"), q.committed_position("g")) == (4, 3, (4, 3))
         assert q.size("g") == 6  # lag counts the item the group is in
-        assert struct.unpack(">qqq", page.read_bytes()) == (4, 0, 3)
+        assert struct.unpack(">qqqq", page.read_bytes()) == (4, 0, 3, 0)
         with pytest.raises(IndexOutOfRangeError):
             q.commit("g", 10, message=1)  # no item at head to be inside of
         with pytest.raises(ValueError, match="committed message -1 of group 'g'"):
@@ -177,7 +177,7 @@ def test_a_committed_page_of_16_bytes_opens_with_message_0(tmp_path: Path) -> No
     with FanoutQueue(tmp_path / "q") as q:
         assert q.committed_position("g") == (3, 0)
         q.commit("g", 3, message=1)
-    assert struct.unpack(">qqq", page.read_bytes()) == (3, 0, 1)
+    assert struct.unpack(">qqqq", page.read_bytes()) == (3, 0, 1, 0)
 
 
 def test_a_message_position_in_an_item_lost_in_a_crash_is_cleared(tmp_path: Path) -> None:
@@ -227,3 +227,24 @@ def test_message_positions_survive_kill_9(tmp_path: Path) -> None:
         with FanoutQueue(path) as q:
             got = q.committed_position("g")
             assert got in {((i // 10) % 5000, i % 10) for i in (last, last + 1)}, (last, got)
+
+
+# -- the committed leader epoch (Issue 32, item 5) -------------------------------------------------
+def test_a_commit_keeps_its_leader_epoch_and_a_24_byte_page_opens_without_one(tmp_path: Path) -> None:
+    page = tmp_path / "q" / "committed_g" / "page-0.dat"
+    with filled(tmp_path / "q") as q:
+        q.commit("g", 4, offset=4, leader_epoch=0)
+        assert q.committed_leader_epoch("g") == 0
+        q.commit("g", 5, offset=5, leader_epoch=7)
+        with pytest.raises(ValueError, match="leader epoch -1"):
+            q.commit("g", 6, leader_epoch=-1)
+    assert struct.unpack(">qqqq", page.read_bytes()) == (5, 6, 0, 8)
+    with FanoutQueue(tmp_path / "q") as q:  # reopened: kept
+        assert (q.committed("g"), q.committed_offset("g"), q.committed_leader_epoch("g")) == (5, 5, 7)
+        q.commit("g", 6)  # a commit without one clears it
+        assert q.committed_leader_epoch("g") is None
+        assert q.committed_leader_epoch("never") is None
+    page.write_bytes(struct.pack(">qqq", 3, 4, 0))  # as written before leader epochs existed
+    with FanoutQueue(tmp_path / "q") as q:
+        assert (q.committed("g"), q.committed_offset("g"), q.committed_leader_epoch("g")) == (3, 3, None)
+    assert len(page.read_bytes()) == 32

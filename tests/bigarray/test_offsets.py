@@ -504,7 +504,7 @@ def test_commit_with_an_offset_survives_reopen(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="committed offset -1 of group 'g'"):
             q.commit("g", 1, offset=-1)
     page = (path / "committed_g" / "page-0.dat").read_bytes()
-    assert len(page) == 24 and struct.unpack(">qqq", page) == (1, 8, 0)
+    assert len(page) == 32 and struct.unpack(">qqqq", page) == (1, 8, 0, 0)
     with FanoutQueue(path) as q:
         assert (q.committed("g"), q.committed_offset("g")) == (1, 7)
         assert (q.committed("h"), q.committed_offset("h")) == (2, None)
@@ -527,7 +527,7 @@ def test_a_committed_page_of_8_bytes_opens_as_an_index_without_offset(tmp_path: 
     with FanoutQueue(path) as q:
         assert (q.committed("g"), q.committed_offset("g")) == (2, None)
         q.commit("g", 3, offset=3)
-    assert struct.unpack(">qqq", page.read_bytes()) == (3, 4, 0)
+    assert struct.unpack(">qqqq", page.read_bytes()) == (3, 4, 0, 0)
 
 
 def test_a_committed_offset_beyond_next_offset_after_a_crash_is_moved_back(tmp_path: Path) -> None:

@@ -393,6 +393,14 @@ def test_a_transactional_id_needs_write_on_it(acl_broker: BrokerProcess) -> None
     _create_acls(alice, _binding(tid, "User:bob", AclOperation.WRITE, rtype=ResourceType.TRANSACTIONAL_ID))
     producer = Producer(settings)
     producer.init_transactions(15)
+    _create_topic(alice, "txn-acl-other")  # bob may not WRITE it: AddPartitionsToTxn refuses it
+    producer.begin_transaction()
+    errors: list[Any] = []
+    producer.produce("txn-acl-other", b"not allowed", on_delivery=lambda err, msg: errors.append(err))
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(15)
+    producer.abort_transaction(15)
+    assert [e.name() if e is not None else None for e in errors] == ["TOPIC_AUTHORIZATION_FAILED"]
     producer.begin_transaction()
     producer.produce(topic, b"in a transaction")
     producer.commit_transaction(15)

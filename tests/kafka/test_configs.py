@@ -1,0 +1,274 @@
+"""DescribeConfigs, AlterConfigs and IncrementalAlterConfigs of topics and the broker
+with confluent-kafka's and kafka-python's admin clients: the keys luxun honours take
+effect at once and survive a SIGKILL and restart (topics in kafka.json, the broker in
+kafka-broker-configs.json); other keys and values are refused with INVALID_CONFIG and
+change nothing; a group's configs are INVALID_REQUEST, as Kafka without group configs.
+Issue 32, item 2."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._broker import BrokerProcess
+
+from ._kafka import RawClient, produce_request, record_batch
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning"),  # it is what we test
+]
+
+INVALID_REQUEST = 42
+TOPIC, BROKER, GROUP = 2, 4, 32
+
+
+def _admin(broker: BrokerProcess) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": broker.bootstrap})
+
+
+def _describe(admin: Any, kind: str, name: str) -> dict[str, tuple[str, int]]:
+    from confluent_kafka.admin import ConfigResource
+
+    (future,) = admin.describe_configs([ConfigResource(kind, name)], request_timeout=10).values()
+    return {k: (e.value, e.source) for k, e in future.result(10).items()}
+
+
+def _alter(admin: Any, kind: str, name: str, configs: dict[str, str], *, validate_only: bool = False) -> None:
+    from confluent_kafka.admin import ConfigResource
+
+    (future,) = admin.alter_configs(
+        [ConfigResource(kind, name, set_config=configs)], request_timeout=10, validate_only=validate_only
+    ).values()
+    future.result(10)
+
+
+def _incremental(
+    admin: Any, kind: str, name: str, *ops: tuple[str, str, str | None], validate_only: bool = False
+) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    entries = [ConfigEntry(k, v, incremental_operation=getattr(AlterConfigOpType, op)) for k, op, v in ops]
+    (future,) = admin.incremental_alter_configs(
+        [ConfigResource(kind, name, incremental_configs=entries)], request_timeout=10, validate_only=validate_only
+    ).values()
+    future.result(10)
+
+
+def _refused(call: Any, *args: Any, **kwargs: Any) -> tuple[str, str]:
+    from confluent_kafka import KafkaException
+
+    with pytest.raises(KafkaException) as info:
+        call(*args, **kwargs)
+    error = info.value.args[0]
+    return error.name(), error.str()
+
+
+def test_alter_configs_replaces_the_set_and_survives_a_kill(tmp_path: Path) -> None:
+    from confluent_kafka.admin import ConfigSource, NewTopic
+
+    topic_source, static, default = (
+        ConfigSource.DYNAMIC_TOPIC_CONFIG.value,
+        ConfigSource.STATIC_BROKER_CONFIG.value,
+        ConfigSource.DEFAULT_CONFIG.value,
+    )
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        admin = _admin(broker)
+        config = {"retention.ms": "7200000", "segment.bytes": "1048576"}
+        admin.create_topics([NewTopic("set", 1, 1, config=config)], request_timeout=10)["set"].result(10)
+        _alter(admin, "topic", "set", {"retention.bytes": "100000"}, validate_only=True)
+        assert _describe(admin, "topic", "set")["retention.ms"] == ("7200000", topic_source)
+        _alter(admin, "topic", "set", {"retention.bytes": "100000"})
+        broker.stop(signal.SIGKILL)
+    finally:
+        broker.stop()
+    broker.start()
+    try:
+        entries = _describe(_admin(broker), "topic", "set")
+        assert entries["retention.bytes"] == ("100000", topic_source)
+        assert entries["retention.ms"] == (str(168 * 3_600_000), static)  # back to the broker's
+        assert entries["segment.bytes"] == ("1073741824", default)
+    finally:
+        broker.stop()
+
+
+def test_refused_configs_get_invalid_config_and_change_nothing(broker: BrokerProcess) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(broker)
+    admin.create_topics([NewTopic("kept", 1, 1, config={"retention.ms": "5000"})], request_timeout=10)["kept"].result(
+        10
+    )
+    assert _refused(_alter, admin, "topic", "kept", {"retention.mss": "1"}) == (
+        "INVALID_CONFIG",
+        "Unknown topic config name: retention.mss",
+    )
+    name, message = _refused(_alter, admin, "topic", "kept", {"retention.ms": "soon"})
+    assert name == "INVALID_CONFIG" and "Invalid value soon for configuration retention.ms" in message
+    name, message = _refused(_alter, admin, "topic", "kept", {"compression.type": "gzip"})
+    assert name == "INVALID_CONFIG" and "luxun does not support compression.type=gzip" in message
+    name, message = _refused(_incremental, admin, "topic", "kept", ("retention.ms", "APPEND", "1"))
+    assert (name, message) == ("INVALID_CONFIG", "Config value append is not allowed for config key: retention.ms")
+    name, message = _refused(_incremental, admin, "topic", "kept", ("cleanup.policy", "APPEND", "compact"))
+    assert name == "INVALID_CONFIG" and "luxun does not support cleanup.policy=delete,compact" in message
+    name, _ = _refused(_alter, admin, "topic", "missing", {"retention.ms": "1"})
+    assert name == "UNKNOWN_TOPIC_OR_PART"
+    assert _describe(admin, "topic", "kept")["retention.ms"][0] == "5000"  # nothing changed
+
+
+def test_incremental_set_and_delete_take_effect_at_once(broker: BrokerProcess) -> None:
+    """SET message.timestamp.type=LogAppendTime: the next record is stamped by the
+    broker; DELETE: back to CreateTime (the producer's timestamp)."""
+    from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(broker)
+    admin.create_topics([NewTopic("stamps", 1, 1)], request_timeout=10)["stamps"].result(10)
+    with RawClient(broker.kafka_port) as raw:
+        _incremental(admin, "topic", "stamps", ("message.timestamp.type", "SET", "LogAppendTime"))
+        assert raw.call(produce_request("stamps", 0, record_batch([b"a"], timestamp_ms=1000))).responses
+        _incremental(admin, "topic", "stamps", ("message.timestamp.type", "DELETE", None))
+        assert raw.call(produce_request("stamps", 0, record_batch([b"b"], timestamp_ms=1000))).responses
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "stamps", "enable.auto.commit": False})
+    consumer.assign([TopicPartition("stamps", 0, 0)])
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 2 and time.monotonic() < deadline:
+        m = consumer.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m.timestamp())
+    consumer.close()
+    assert got[0][0] == TIMESTAMP_LOG_APPEND_TIME and got[0][1] > 1000
+    assert got[1] == (TIMESTAMP_CREATE_TIME, 1000)
+
+
+def test_broker_retention_is_set_at_run_time_and_kept(tmp_path: Path) -> None:
+    from confluent_kafka.admin import ConfigSource, NewTopic
+
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        admin = _admin(broker)
+        admin.create_topics([NewTopic("plain", 1, 1)], request_timeout=10)["plain"].result(10)
+        entries = _describe(admin, "broker", "0")
+        assert entries["log.retention.ms"] == (str(168 * 3_600_000), ConfigSource.STATIC_BROKER_CONFIG.value)
+        _incremental(admin, "broker", "0", ("log.retention.ms", "SET", "3600000"))
+        assert _refused(_incremental, admin, "broker", "0", ("background.threads", "SET", "9"))[0] == "INVALID_CONFIG"
+        assert _refused(_alter, admin, "broker", "0", {"log.retention.bytes": "lots"})[0] == "INVALID_CONFIG"
+        broker.stop(signal.SIGKILL)
+    finally:
+        broker.stop()
+    broker.start()
+    try:
+        admin = _admin(broker)
+        entries = _describe(admin, "broker", "0")
+        assert entries["log.retention.ms"] == ("3600000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+        topic = _describe(admin, "topic", "plain")
+        assert topic["retention.ms"] == ("3600000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+        _alter(admin, "broker", "0", {})  # AlterConfigs replaces the set: back to the file's
+        assert _describe(admin, "broker", "0")["log.retention.ms"][0] == str(168 * 3_600_000)
+    finally:
+        broker.stop()
+
+
+def _raw_describe(broker: BrokerProcess, kind: int, name: str, version: int = 4) -> Any:
+    module = importlib.import_module(f"kio.schema.describe_configs.v{version}.request")
+    extra = {"include_documentation": False} if version >= 3 else {}
+    body = module.DescribeConfigsRequest(
+        resources=(module.DescribeConfigsResource(resource_type=kind, resource_name=name, configuration_keys=None),),
+        include_synonyms=False,
+        **extra,
+    )
+    with RawClient(broker.kafka_port) as raw:
+        return raw.call(body).results[0]
+
+
+def test_a_groups_configs_are_an_invalid_request(broker: BrokerProcess) -> None:
+    for kind in (GROUP, 3):
+        result = _raw_describe(broker, kind, "some-group")
+        assert result.error_code == INVALID_REQUEST
+        assert result.error_message == "Unsupported resource type: GROUP"
+    assert _raw_describe(broker, BROKER, "7").error_code == INVALID_REQUEST  # another broker's
+    assert _raw_describe(broker, BROKER, "0", version=1).error_code == 0
+
+
+def test_kafka_python_alters_and_describes(broker: BrokerProcess) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        admin.create_topics([NewTopic("kp", 1, 1)])
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "kp", configs={"retention.ms": "60000"})])
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "kp")])
+    finally:
+        admin.close()
+    assert "60000" in repr(described)
+
+
+def test_retention_set_at_run_time_applies_at_the_next_pass(tmp_path: Path) -> None:
+    """In one process: the broker's log.retention.ms, then a topic's retention.ms, set
+    while the broker runs, are used by the next retention pass."""
+    from bigarray.prefetch import PREFETCHER
+    from luxun.dynamic import DynamicBrokerConfigs
+    from luxun.kafka.log import KafkaLog
+    from luxun.retention import Maintenance
+    from luxun.topics import TopicManager
+
+    now = [0]
+    topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=4096)
+    try:
+        kafka = KafkaLog(topics)
+        dynamic = DynamicBrokerConfigs(str(tmp_path / "data"), retention_ms=168 * 3_600_000, retention_bytes=-1)
+        for topic in ("a", "b"):
+            assert kafka.create(topic, 1) == (0, None)
+            for _ in range(3):
+                assert kafka.produce(topic, 0, record_batch([b"v"])).error == 0
+        now[0] = topics.open("a").queue.timestamp(2) + 2 * 3_600_000
+        assert PREFETCHER.wait_idle(60)
+        maintenance = Maintenance(
+            topics,
+            retention_hours=168,
+            topic_retention_hours={},
+            retention_size_bytes=-1,
+            cleanup_interval_s=3600,
+            flush_interval_ms=-1,
+            topic_flush_intervals_ms={},
+            tick_s=1,
+            clock_ms=lambda: now[0],
+            topic_overrides=kafka.retention_overrides,
+            broker_overrides=dynamic.retention,
+        )
+        assert kafka.alter_configs("b", lambda now: [("retention.ms", str(7 * 24 * 3_600_000))]) == (0, None)
+        maintenance.run_once(force_cleanup=True)
+        assert (topics.open("a").queue.size(), topics.open("b").queue.size()) == (3, 3)
+        dynamic.replace({"log.retention.ms": "3600000"})
+        maintenance.run_once(force_cleanup=True)
+        assert (topics.open("a").queue.size(), topics.open("b").queue.size()) == (0, 3)  # b keeps its own
+        assert kafka.alter_configs("b", lambda now: []) == (0, None)  # back to the broker's
+        maintenance.run_once(force_cleanup=True)
+        assert topics.open("b").queue.size() == 0
+        assert DynamicBrokerConfigs(str(tmp_path / "data"), retention_ms=1, retention_bytes=-1).values() == {
+            "log.retention.ms": "3600000"
+        }
+    finally:
+        topics.close()
+
+
+def test_what_describe_shows_can_be_given_back_whole(broker: BrokerProcess) -> None:
+    """librdkafka's test helper (test_AlterConfigs_simple, used by its test 0092) alters
+    a topic by giving back every config DescribeConfigs showed, plus its change."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(broker)
+    admin.create_topics([NewTopic("whole", 1, 1)], request_timeout=10)["whole"].result(10)
+    shown = {k: v for k, (v, _) in _describe(admin, "topic", "whole").items()}
+    assert len(shown) > 30
+    _alter(admin, "topic", "whole", shown | {"message.format.version": "0.10.0.0"})
+    assert _describe(admin, "topic", "whole")["message.format.version"][0] == "0.10.0.0"
