@@ -202,6 +202,7 @@ def test_kafka_apis_table_matches_the_versions_served() -> None:
     """Every API the Kafka port announces is a row, with its versions; no other row."""
     from luxun.kafka import groups as G
     from luxun.kafka import handlers as H
+    from luxun.kafka import transactions as X
 
     names = {
         "Produce": H.PRODUCE, "Fetch": H.FETCH, "ListOffsets": H.LIST_OFFSETS, "Metadata": H.METADATA,
@@ -215,8 +216,13 @@ def test_kafka_apis_table_matches_the_versions_served() -> None:
         "DescribeAcls": H.DESCRIBE_ACLS, "CreateAcls": H.CREATE_ACLS, "DeleteAcls": H.DELETE_ACLS,
         "DescribeUserScramCredentials": H.DESCRIBE_USER_SCRAM_CREDENTIALS,
         "AlterUserScramCredentials": H.ALTER_USER_SCRAM_CREDENTIALS,
+        "CreatePartitions": H.CREATE_PARTITIONS, "DeleteRecords": H.DELETE_RECORDS,
+        "AlterConfigs": H.ALTER_CONFIGS, "IncrementalAlterConfigs": H.INCREMENTAL_ALTER_CONFIGS,
+        "OffsetDelete": G.OFFSET_DELETE,
+        "AddPartitionsToTxn": X.ADD_PARTITIONS_TO_TXN, "AddOffsetsToTxn": X.ADD_OFFSETS_TO_TXN,
+        "EndTxn": X.END_TXN, "TxnOffsetCommit": X.TXN_OFFSET_COMMIT,
     }  # fmt: skip
-    served = {**H.VERSIONS, **H.SCRAM_VERSIONS, **G.GroupCoordinator.VERSIONS}
+    served = {**H.VERSIONS, **H.SCRAM_VERSIONS, **G.GroupCoordinator.VERSIONS, **X.TransactionCoordinator.VERSIONS}
     unnamed = set(served) - set(names.values())
     assert not unnamed, f"API keys served without a name here: {unnamed}"
     expected = {name: f"v{served[key][0]}-v{served[key][1]}" for name, key in names.items() if key in served}
