@@ -30,7 +30,7 @@ from .kafka.acls import ACL_FILE, Authorizer
 from .kafka.groups import GroupCoordinator
 from .kafka.handlers import KafkaHandler
 from .kafka.log import KafkaLog, remove_interrupted_creations
-from .kafka.sasl import Authenticator, UserStore
+from .kafka.sasl import SCRAM_STORE, Authenticator, UserStore
 from .kafka.server import KafkaServer
 from .kafka.transactions import TransactionCoordinator
 from .metrics import Metrics, MetricsServer
@@ -305,6 +305,9 @@ class Broker:
             acls=self.kafka_acls,
         )
         self.kafka_transactions.recover()  # finishes what a crash interrupted
+        scram_users = None
+        if self.sasl is None:  # the credential APIs keep SCRAM credentials in the data dir
+            scram_users = UserStore(os.path.join(config.data_dir, SCRAM_STORE), create=True)
         self.kafka_handler = KafkaHandler(
             kafka_log,
             node_id=config.broker_id,
@@ -318,6 +321,7 @@ class Broker:
             ),
             sasl=self.sasl,
             acls=self.kafka_acls,
+            scram_users=scram_users,
             transactions=self.kafka_transactions,
             broker_configs=DynamicBrokerConfigs(
                 config.data_dir,

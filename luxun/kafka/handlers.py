@@ -56,7 +56,7 @@ from .admin import KafkaAdmin
 from .group_acls import GroupAcls
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
 from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
-from .sasl import AuthenticationFailed, Authenticator, SaslSession
+from .sasl import AuthenticationFailed, Authenticator, SaslSession, UserStore
 
 __all__ = ["VERSIONS", "KafkaHandler"]
 
@@ -108,7 +108,7 @@ VERSIONS: Final[dict[int, tuple[int, int]]] = {
     CREATE_ACLS: (1, 3),
     DELETE_ACLS: (1, 3),
 }
-#: Served with SASL on only (the credentials live in its users file).
+#: Served where SCRAM credentials are kept: the SASL users file, or with SASL off the broker's store.
 SCRAM_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
     ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
@@ -160,6 +160,8 @@ class KafkaHandler:
         sasl: the mechanisms and users when SASL is on; None: off.
         acls: the authorizer (:mod:`luxun.kafka.acls`) when SASL is on; None: nothing
             is checked, as a Kafka broker without an authorizer.
+        scram_users: with SASL off, where the SCRAM credential APIs keep credentials
+            (None: those APIs are not served then).
         transactions: the transaction coordinator (:mod:`luxun.kafka.transactions`), or
             None: transactional producers are refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
         broker_configs: the broker configs Kafka clients may change (the admin APIs,
@@ -179,6 +181,7 @@ class KafkaHandler:
         sasl: Authenticator | None = None,
         output_budget: OutputBudget | None = None,
         acls: Authorizer | None = None,
+        scram_users: UserStore | None = None,
         transactions: Any = None,
         broker_configs: DynamicBrokerConfigs | None = None,
     ) -> None:
@@ -197,10 +200,13 @@ class KafkaHandler:
         self.sasl = sasl
         #: None with SASL off: no check is made (Produce and Fetch call nothing).
         self.acls = acls if sasl is not None else None
-        self.security = SecurityApis(self.acls, sasl.users if sasl is not None else None)
+        #: SCRAM credentials: the SASL users file, or with SASL off the broker's own
+        #: store of them (as Kafka keeps them whatever its listeners); None: not served.
+        credentials = sasl.users if sasl is not None else scram_users
+        self.security = SecurityApis(self.acls, credentials)
         self.group_acls = GroupAcls(groups, self.acls)
         self.versions: dict[int, tuple[int, int]] = dict(VERSIONS)
-        if sasl is not None:
+        if credentials is not None:
             self.versions.update(SCRAM_VERSIONS)
         if groups is not None:
             self.versions.update(groups.VERSIONS)

@@ -307,11 +307,19 @@ def _read_users(path: str) -> tuple[dict[str, User], tuple[int, int, int]]:
     return parse_users(text, source=path), (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+#: With SASL off, the file in the data dir where the SCRAM credential APIs keep the
+#: credentials (Kafka keeps them whatever its listeners); name it in
+#: ``kafka.sasl.users.file`` to log in with them once SASL is on.
+SCRAM_STORE: Final = ".luxun-kafka-users"
+
+
 class UserStore:
     """The users file: read when made, read again when it changes.
 
     Args:
         path: the file (``kafka.sasl.users.file``).
+        create: make it, empty, if missing (the SCRAM credentials a broker with SASL off
+            keeps for the credential APIs, :data:`SCRAM_STORE`).
 
     Raises:
         ConfigError: the file cannot be read or has a bad line (named), key
@@ -320,8 +328,11 @@ class UserStore:
 
     KEY: Final = "kafka.sasl.users.file"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, create: bool = False) -> None:
         self.path = os.path.abspath(path)
+        if create and not os.path.exists(self.path):  # the broker's own store (SASL off): starts empty
+            with open(self.path, "a", encoding="utf-8"):
+                pass
         try:
             self._users, self._stamp = _read_users(self.path)
         except OSError as exc:
@@ -329,7 +340,7 @@ class UserStore:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{self.KEY}: {exc}", key=self.KEY) from exc
         self._lock = threading.Lock()
-        if not self._users:
+        if not self._users and not create:
             log.warning("%s has no users: no Kafka client can log in (add some with luxun kafka-user add)", self.path)
 
     def __len__(self) -> int:

@@ -142,6 +142,39 @@ def test_with_sasl_off_acl_apis_answer_security_disabled_and_every_operation_is_
     assert admin.describe_cluster().result(15).authorized_operations is None
 
 
+def test_with_sasl_off_scram_credentials_are_kept_for_when_it_is_on(tmp_path: Path) -> None:
+    """As librdkafka's 0081 asks of a plaintext broker: the credential APIs work (Kafka keeps
+    credentials whatever its listeners); they land in the data dir's .luxun-kafka-users, and a
+    broker with SASL on that names that file logs the user in."""
+    from luxun.kafka.sasl import SCRAM_STORE
+
+    plain = BrokerProcess(tmp_path / "data", tmp_path / "plain.log", kafka=True).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": plain.bootstrap})
+        missing = admin.describe_user_scram_credentials(["gina"])["gina"]
+        assert _error_name(missing) == "RESOURCE_NOT_FOUND"
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        for future in admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion("gina", info, b"gina-secret")]
+        ).values():
+            future.result(15)
+        described = admin.describe_user_scram_credentials(["gina"])["gina"].result(15)
+        assert [(i.mechanism, i.iterations) for i in described.scram_credential_infos] == [
+            (ScramMechanism.SCRAM_SHA_512, 4096)
+        ]
+    finally:
+        plain.stop()
+    store = tmp_path / "data" / SCRAM_STORE
+    assert "gina" in store.read_text()
+    props = tmp_path / "sasl.properties"
+    props.write_text(f"kafka.sasl.mechanisms=SCRAM-SHA-512\nkafka.sasl.users.file={store}\n")
+    sasl = BrokerProcess(tmp_path / "data", tmp_path / "sasl.log", "--config", str(props), kafka=True).start()
+    try:
+        _admin(sasl, ("gina", "gina-secret"), "SCRAM-SHA-512").list_topics(timeout=10)  # logs in
+    finally:
+        sasl.stop()
+
+
 # -- the ACL APIs ---------------------------------------------------------------------------------
 def test_confluent_admin_creates_describes_and_deletes_acls_with_kafkas_filters(acl_broker: BrokerProcess) -> None:
     alice = _admin(acl_broker, ALICE)
