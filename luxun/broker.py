@@ -307,7 +307,7 @@ class Broker:
         self.kafka_transactions.recover()  # finishes what a crash interrupted
         scram_users = None
         if self.sasl is None:  # the credential APIs keep SCRAM credentials in the data dir
-            scram_users = UserStore(os.path.join(config.data_dir, SCRAM_STORE), create=True)
+            scram_users = UserStore(os.path.join(config.data_dir, SCRAM_STORE), missing_ok=True)
         self.kafka_handler = KafkaHandler(
             kafka_log,
             node_id=config.broker_id,

@@ -318,8 +318,8 @@ class UserStore:
 
     Args:
         path: the file (``kafka.sasl.users.file``).
-        create: make it, empty, if missing (the SCRAM credentials a broker with SASL off
-            keeps for the credential APIs, :data:`SCRAM_STORE`).
+        missing_ok: a missing file holds no users (until a credential is written: the
+            store a broker with SASL off keeps for the credential APIs, :data:`SCRAM_STORE`).
 
     Raises:
         ConfigError: the file cannot be read or has a bad line (named), key
@@ -328,19 +328,21 @@ class UserStore:
 
     KEY: Final = "kafka.sasl.users.file"
 
-    def __init__(self, path: str, *, create: bool = False) -> None:
+    def __init__(self, path: str, *, missing_ok: bool = False) -> None:
         self.path = os.path.abspath(path)
-        if create and not os.path.exists(self.path):  # the broker's own store (SASL off): starts empty
-            with open(self.path, "a", encoding="utf-8"):
-                pass
+        self.missing_ok = missing_ok
         try:
             self._users, self._stamp = _read_users(self.path)
+        except FileNotFoundError as exc:
+            if not missing_ok:
+                raise ConfigError(f"{self.KEY}: cannot read {self.path}: {exc.strerror or exc}", key=self.KEY) from exc
+            self._users, self._stamp = {}, (0, 0, 0)  # made by the first credential written
         except OSError as exc:
             raise ConfigError(f"{self.KEY}: cannot read {self.path}: {exc.strerror or exc}", key=self.KEY) from exc
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{self.KEY}: {exc}", key=self.KEY) from exc
         self._lock = threading.Lock()
-        if not self._users and not create:
+        if not self._users and not missing_ok:
             log.warning("%s has no users: no Kafka client can log in (add some with luxun kafka-user add)", self.path)
 
     def __len__(self) -> int:
@@ -360,6 +362,8 @@ class UserStore:
         try:
             st = os.stat(self.path)
         except OSError as exc:
+            if self.missing_ok and isinstance(exc, FileNotFoundError):
+                return  # no credential written yet
             log.error("cannot stat the users file %s (%s); keeping the %d users read before", self.path, exc,
                       len(self._users))  # fmt: skip
             return
