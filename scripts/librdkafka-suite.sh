@@ -257,13 +257,14 @@ for e in "${todo[@]}"; do
     start=$(date +%s.%N)
     status=0 why='' parts=()
     if [[ -n $subtests ]]; then IFS=, read -r -a parts <<<"$subtests"; else parts=(""); fi
-    n_skip=0
+    n_skip=0 failed_parts=()
     for part in "${parts[@]}"; do
         log=$logs/$label${part:+-${part//[^A-Za-z0-9_]/}}.log
         run_once "$num" "$scenario" "$part" "$log"
         rc=$?
         if ((rc == 1)); then
             status=1
+            [[ -n $part ]] && failed_parts+=("${part%:}")
             [[ -n $why ]] || why=$(first_failure "$log")
         elif ((rc == 3)); then
             n_skip=$((n_skip + 1))
@@ -273,6 +274,7 @@ for e in "${todo[@]}"; do
     if ((status)); then
         failed=$((failed + 1))
         failed_list+=("$label")
+        if ((${#failed_parts[@]})); then why="[${failed_parts[*]} of ${#parts[@]} runs] $why"; fi
         echo "$name ... failed: $why ($secs s)"
     elif ((n_skip == ${#parts[@]})); then
         skipped_n=$((skipped_n + 1))
