@@ -92,7 +92,8 @@ fi
 logs=$(cd "$logs" && pwd)
 
 # -- the list -------------------------------------------------------------------------
-# Each entry: "NNNN<TAB>kind<TAB>scenario<TAB>subtests<TAB>reason".
+# Each entry: "NNNN kind scenario subtests reason", joined by US (\x1f: not blank, so
+# read keeps the empty fields).
 entries=()
 while read -r num kind rest; do
     [[ -z $num || $num == \#* ]] && continue
@@ -108,7 +109,7 @@ while read -r num kind rest; do
     else
         reason=$rest
     fi
-    entries+=("$num"$'\t'"$kind"$'\t'"$scenario"$'\t'"$subtests"$'\t'"$reason")
+    entries+=("$num"$'\x1f'"$kind"$'\x1f'"$scenario"$'\x1f'"$subtests"$'\x1f'"$reason")
 done <"$list"
 
 todo=()
@@ -118,16 +119,16 @@ if ((${#wanted[@]})); then
         [[ $num =~ ^[0-9]{4}$ ]] || die "a test is named by its 4-digit number, not '$num'"
         found=
         for e in "${entries[@]}"; do
-            IFS=$'\t' read -r n kind scenario subtests reason <<<"$e"
+            IFS=$'\x1f' read -r n kind scenario subtests reason <<<"$e"
             [[ $n == "$num" ]] || continue
             found=1
-            if [[ $kind == run ]]; then todo+=("$e"); else todo+=("$n"$'\t'run$'\t'default$'\t\t'); fi
+            if [[ $kind == run ]]; then todo+=("$e"); else todo+=("$n"$'\x1f'run$'\x1f'default$'\x1f\x1f'); fi
         done
-        [[ -n $found ]] || todo+=("$num"$'\t'run$'\t'default$'\t\t')
+        [[ -n $found ]] || todo+=("$num"$'\x1f'run$'\x1f'default$'\x1f\x1f')
     done
 else
     for e in "${entries[@]}"; do
-        IFS=$'\t' read -r n kind scenario subtests reason <<<"$e"
+        IFS=$'\x1f' read -r n kind scenario subtests reason <<<"$e"
         if [[ $kind == run ]]; then todo+=("$e"); elif [[ $kind == skip ]]; then skipped+=("$n: $reason"); fi
     done
 fi
@@ -246,7 +247,7 @@ failed_list=()
 echo "librdkafka $(sed -n 's/^#define RD_KAFKA_VERSION *0x\(..\)\(..\)\(..\).*/\1.\2.\3/p' "$rdk/src/rdkafka.h" |
     awk -F. '{printf "%d.%d.%d", "0x"$1, "0x"$2, "0x"$3}') from $rdk; TEST_KAFKA_VERSION=$kafka_version${quick:+, quick mode}; logs in $logs"
 for e in "${todo[@]}"; do
-    IFS=$'\t' read -r num kind scenario subtests reason <<<"$e"
+    IFS=$'\x1f' read -r num kind scenario subtests reason <<<"$e"
     label=$num
     [[ $scenario != default ]] && label="$num@$scenario"
     name=$num
