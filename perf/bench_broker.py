@@ -1472,6 +1472,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "with --java, each floor's ratio to Java is shown",
     )
     p.add_argument(
+        "--floors",
+        default=",".join(FLOOR_SIDES),
+        help="with --floor: which floor servers (default all: " + ",".join(FLOOR_SIDES) + ")",
+    )
+    p.add_argument(
         "--no-poll-side",
         action="store_true",
         help=f"also run our broker with busy.poll.us=0 ({NO_POLL_SIDE}) in the same turns: busy polling's gain and CPU",
@@ -1551,6 +1556,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.java_peer = JavaPeer.at(args.java)
         except FileNotFoundError as e:
             p.error(str(e))
+    args.floors = [f.strip() for f in args.floors.split(",") if f.strip()]
+    if not args.floors or set(args.floors) - set(FLOOR_SIDES):
+        p.error(f"--floors: choose from {list(FLOOR_SIDES)}")
+    args.floors = [f for f in FLOOR_SIDES if f in args.floors]
     if args.no_poll_side and args.broker:
         p.error("--no-poll-side starts its own brokers (not with --broker)")
     if args.floor and args.broker:
@@ -1585,7 +1594,7 @@ def main(argv: list[str] | None = None) -> int:
         ["ours"]
         + (["java"] if args.java_peer else [])
         + ([NO_POLL_SIDE] if args.no_poll_side else [])
-        + (list(FLOOR_SIDES) if args.floor else [])
+        + (args.floors if args.floor else [])
     )
     passes = (sides + sides[::-1]) * args.rounds if len(sides) > 1 else sides
     # One broker for all sizes when ours runs alone (as before); else fresh brokers per size, in turns.
