@@ -328,6 +328,8 @@ class TopicManager:
         self.flush_count = flush_count
         self._delete_listeners: list[Callable[[str], None]] = []
         self._page_size = data_page_size_bytes
+        #: The largest item a new topic holds (items never span data pages).
+        self.max_item_bytes = data_page_size_bytes
         self._max_cached_pages = max_cached_pages
         #: The bound in force (``max_open_topics``, or what 0 was sized to).
         self.max_open_topics = max_open_topics if max_open_topics > 0 else open_topics_limit()

@@ -134,6 +134,8 @@ class TopicInfo:
     timestamp_type: str = "CreateTime"
     #: The configs given at creation (name -> value), as DescribeConfigs answers them.
     configs: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: Its ``max.message.bytes`` (None: not set, the broker's ``message.max.bytes``).
+    max_message_bytes: int | None = None
 
 
 @dataclass
@@ -262,12 +264,14 @@ class KafkaLog:
         except (KeyError, ValueError):
             topic_id = uuid.uuid5(_TOPIC_ID_NAMESPACE, topic)
         configs = settings.get("configs")
+        kept = {str(k): str(v) for k, v in configs.items()} if isinstance(configs, dict) else {}
         info = TopicInfo(
             topic,
             max(1, int(settings.get("partitions", 1))),
             topic_id,
             str(settings.get("timestamp_type", "CreateTime")),
-            {str(k): str(v) for k, v in configs.items()} if isinstance(configs, dict) else {},
+            kept,
+            int(kept["max.message.bytes"]) if "max.message.bytes" in kept else None,
         )
         with self._infos_lock:
             self._infos[topic] = info
@@ -322,7 +326,7 @@ class KafkaLog:
         if partitions > 10_000:
             return INVALID_PARTITIONS, f"at most 10000 partitions per topic, not {partitions}"
         try:
-            kept = check_topic_configs(configs, max_message_bytes=self.max_message_bytes)
+            kept = check_topic_configs(configs, max_item_bytes=self.topics.max_item_bytes)
         except ConfigProblem as exc:
             return INVALID_CONFIG, str(exc)
         timestamp_type = kept.get("message.timestamp.type", timestamp_type)
@@ -535,8 +539,8 @@ class KafkaLog:
         The new set is checked as at creation (:func:`check_topic_configs`: INVALID_CONFIG
         naming the first refused config), then kept in ``kafka.json``
         (:meth:`write_settings`, crash-safe) unless ``validate_only``. It takes effect at
-        once: ``message.timestamp.type`` for the next produce, ``retention.ms`` and
-        ``retention.bytes`` at the next retention pass.
+        once: ``message.timestamp.type`` and ``max.message.bytes`` for the next produce,
+        ``retention.ms`` and ``retention.bytes`` at the next retention pass.
 
         Raises:
             ConfigProblem: from ``change``, answered as INVALID_CONFIG.
@@ -546,7 +550,7 @@ class KafkaLog:
             if info is None:
                 return UNKNOWN_TOPIC_OR_PARTITION, f"Topic {topic} does not exist"
             try:
-                kept = check_topic_configs(change(info.configs), max_message_bytes=self.max_message_bytes)
+                kept = check_topic_configs(change(info.configs), max_item_bytes=self.topics.max_item_bytes)
             except ConfigProblem as exc:
                 return INVALID_CONFIG, str(exc)
             if validate_only:
@@ -614,19 +618,15 @@ class KafkaLog:
             return ProduceResult(error=exc.code, message=str(exc))
         if not batches:
             return ProduceResult(error=CORRUPT_MESSAGE, message="no record batch in the request")
-        for b in batches:
-            if len(b.data) > self.max_message_bytes:
-                return ProduceResult(
-                    error=MESSAGE_TOO_LARGE,
-                    message=f"record batch of {len(b.data)} bytes is larger than "
-                    f"message.max.bytes={self.max_message_bytes}",
-                )
+        info = self.describe(topic)
+        too_large = self._too_large(batches, info)
+        if too_large is not None:
+            return too_large
         try:  # every record read before anything is stored (a few ns per record)
             batches = [rec.validate(b) for b in batches]
         except rec.BatchError as exc:
             errors = () if exc.record is None else ((exc.record, str(exc)),)
             return ProduceResult(error=exc.code, message=str(exc), record_errors=errors)
-        info = self.describe(topic)
         for _attempt in range(3):
             part = self._partition(topic, partition)
             if part is None or info is None:
@@ -644,6 +644,21 @@ class KafkaLog:
             except TopicStorageError as exc:  # logged by the topic manager
                 return ProduceResult(error=KAFKA_STORAGE_ERROR, message=str(exc))
         return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+
+    def _too_large(self, batches: Sequence[rec.Batch], info: TopicInfo | None) -> ProduceResult | None:
+        """MESSAGE_TOO_LARGE if a batch is larger than the topic's ``max.message.bytes``
+        (the broker's ``message.max.bytes`` where the topic sets none), as Kafka's
+        ``RecordTooLargeException``; None if every batch fits."""
+        limit, name = self.max_message_bytes, "message.max.bytes"
+        if info is not None and info.max_message_bytes is not None:
+            limit, name = info.max_message_bytes, "max.message.bytes"
+        for b in batches:
+            if len(b.data) > limit:
+                return ProduceResult(
+                    error=MESSAGE_TOO_LARGE,
+                    message=f"record batch of {len(b.data)} bytes is larger than {name}={limit}",
+                )
+        return None
 
     def _append(self, part: Topic, state: _PartitionState, batches: Sequence[Any], log_append: bool) -> ProduceResult:
         if not state.rebuilt:

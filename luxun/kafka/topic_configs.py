@@ -8,13 +8,14 @@ valid strings; surrounding blanks ignored), refused as Kafka words it ("Invalid 
 x for configuration y: ..."). A valid value then meets luxun's policy for its key:
 
 * **honoured**: ``message.timestamp.type``, ``retention.ms``, ``retention.bytes``
-  (per partition, over the broker's retention; see :mod:`luxun.retention`);
+  (per partition, over the broker's retention; see :mod:`luxun.retention`),
+  ``max.message.bytes`` (over the broker's ``message.max.bytes``; at most what one
+  stored item can hold, the data page size);
 * **ignored**: keys with no effect on a one-broker log without compaction or tiered
   storage (replication throttles, segment and index sizes, compaction tuning,
   ``unclean.leader.election.enable``, ...), accepted at any valid value;
 * **only the value luxun behaves as**: e.g. ``cleanup.policy=delete``,
-  ``compression.type=producer``, ``min.insync.replicas=1``,
-  ``max.message.bytes`` equal to the broker's ``message.max.bytes``; any other
+  ``compression.type=producer``, ``min.insync.replicas=1``; any other
   value is refused with INVALID_CONFIG saying luxun does not support it.
 
 :data:`TOPIC_CONFIGS` is the table; :func:`check_topic_configs` applies it to one
@@ -139,11 +140,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
         TopicConfig("max.compaction.lag.ms", "long", str(INT64_MAX), IGNORED, lo=1),
         TopicConfig("min.compaction.lag.ms", "long", "0", IGNORED, lo=0),
         TopicConfig("min.cleanable.dirty.ratio", "double", "0.5", IGNORED, lo=0, hi=1),
-        # supported: the broker's message.max.bytes, filled in by check_topic_configs.
-        TopicConfig(
-            "max.message.bytes", "int", "1048588", ONLY, lo=0,
-            why="the broker's message.max.bytes applies to every topic",
-        ),
+        TopicConfig("max.message.bytes", "int", "1048588", HONOURED, lo=0),
         TopicConfig("message.downconversion.enable", "boolean", "true", IGNORED),
         TopicConfig("message.format.version", "string", "3.0-IV1", IGNORED, valid=_format_version),
         TopicConfig(
@@ -233,12 +230,12 @@ def _plain(bound: float) -> str:
     return str(int(bound)) if bound == int(bound) else str(bound)
 
 
-def check_topic_configs(configs: Iterable[tuple[str, str | None]], *, max_message_bytes: int) -> dict[str, str]:
+def check_topic_configs(configs: Iterable[tuple[str, str | None]], *, max_item_bytes: int) -> dict[str, str]:
     """Check one CreateTopics topic's configs (``(name, value)`` pairs in request order):
     the configs to keep (name -> value as given, blanks stripped).
 
-    ``max_message_bytes``: the broker's ``message.max.bytes`` (the only
-    ``max.message.bytes`` accepted).
+    ``max_item_bytes``: the largest item the broker's storage holds (its data page
+    size), the most ``max.message.bytes`` may be.
 
     Raises:
         ConfigProblem: the first refused config: an unknown key, a key given twice, a
@@ -257,11 +254,14 @@ def check_topic_configs(configs: Iterable[tuple[str, str | None]], *, max_messag
             value = _parse(key, raw)
         except ValueError as exc:
             raise ConfigProblem(f"Invalid value {raw} for configuration {name}: {exc}") from None
-        if key.handling == ONLY:
-            supported = (max_message_bytes,) if name == "max.message.bytes" else key.supported
-            if value not in supported:
-                allowed = ", ".join(_show(v) for v in supported)
-                raise ConfigProblem(f"luxun does not support {name}={raw.strip()}: {key.why} (accepted: {allowed})")
+        if name == "max.message.bytes" and isinstance(value, int) and value > max_item_bytes:
+            raise ConfigProblem(
+                f"luxun does not support {name}={raw.strip()}: a record batch is stored as one item, "
+                f"at most the data page size (log.backfile.page.size={max_item_bytes})"
+            )
+        if key.handling == ONLY and value not in key.supported:
+            allowed = ", ".join(_show(v) for v in key.supported)
+            raise ConfigProblem(f"luxun does not support {name}={raw.strip()}: {key.why} (accepted: {allowed})")
         kept[name] = raw.strip()
     return kept
 

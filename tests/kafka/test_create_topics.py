@@ -73,7 +73,7 @@ def test_check_topic_configs_table() -> None:
 
     def problem(*configs: tuple[str, str | None]) -> str:
         with pytest.raises(ConfigProblem) as info:
-            check_topic_configs(configs, max_message_bytes=1048588)
+            check_topic_configs(configs, max_item_bytes=1 << 20)
         return str(info.value)
 
     assert problem(("retention.mss", "1")) == "Unknown topic config name: retention.mss"
@@ -97,20 +97,23 @@ def test_check_topic_configs_table() -> None:
         ("remote.storage.enable", "true"),
         ("flush.messages", "1"),
         ("message.timestamp.before.max.ms", "3600000"),
-        ("max.message.bytes", "2000000"),
     ):
         assert problem((key, value)).startswith(f"luxun does not support {key}={value}: "), key
+    assert problem(("max.message.bytes", "2000000")) == (
+        "luxun does not support max.message.bytes=2000000: a record batch is stored as one item, "
+        "at most the data page size (log.backfile.page.size=1048576)"
+    )
     kept = check_topic_configs(
         [
             ("retention.ms", " 3600000 "),
             ("cleanup.policy", "delete"),
             ("min.insync.replicas", "1"),
             ("unclean.leader.election.enable", "TRUE"),
-            ("max.message.bytes", "1048588"),
+            ("max.message.bytes", "1048576"),
             ("leader.replication.throttled.replicas", "0:0,1:0"),
             ("message.timestamp.type", "LogAppendTime"),
         ],
-        max_message_bytes=1048588,
+        max_item_bytes=1 << 20,
     )
     assert kept["retention.ms"] == "3600000" and len(kept) == 7
 
