@@ -69,7 +69,7 @@ from __future__ import annotations
 import importlib
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
 import lz4.frame  # type: ignore[import-untyped]
@@ -77,7 +77,7 @@ import numpy as np
 import zstandard
 from crc32c import crc32c
 
-from idl.codec import TooLargeError, unsnappy
+from idl.codec import TooLargeError, unsnappy, xerial_compress
 from idl.pack import encode_pack, encode_pack_written
 
 __all__ = [
@@ -336,7 +336,13 @@ def split_batches(records: bytes | bytearray | memoryview, *, from_client: bool 
     return batches
 
 
-def validate(batch: Batch, *, max_bytes: int = DEFAULT_MAX_BYTES, max_records: int = DEFAULT_MAX_RECORDS) -> Batch:
+def validate(
+    batch: Batch,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_records: int = DEFAULT_MAX_RECORDS,
+    codec: int | None = None,
+) -> Batch:
     """``batch`` (from :func:`split_batches`) checked record by record, as Kafka's broker
     checks a produced batch before storing it (``LogValidator``).
 
@@ -350,6 +356,10 @@ def validate(batch: Batch, *, max_bytes: int = DEFAULT_MAX_BYTES, max_records: i
     ``MESSAGE_TOO_LARGE`` for more than ``max_records`` records or records inflating past
     ``max_bytes`` (luxun's bounds; Kafka has none, and a Thrift consumer of the topic gets
     each batch as one pack).
+
+    ``codec``: the topic's ``compression.type`` (None: ``producer``, the batch kept as
+    sent). A batch of another codec is returned re-encoded with ``codec`` from the records
+    just read (:func:`_recompressed`), as Kafka's ``LogValidator`` does.
     """
     count = batch.record_count
     if count > max_records:
@@ -357,12 +367,16 @@ def validate(batch: Batch, *, max_bytes: int = DEFAULT_MAX_BYTES, max_records: i
             MESSAGE_TOO_LARGE, f"record batch of {count} records: at most {max_records} records per batch are accepted"
         )
     if batch.attributes & _CODEC_MASK == CODEC_NONE:  # the records as they are, read in place
+        body = batch.data[HEADER_SIZE:]
         checked = _check(batch.data, count, HEADER_SIZE)
     else:
-        checked = _check(_open_batch(batch, max_bytes)[1], count)
+        body = _open_batch(batch, max_bytes)[1]
+        checked = _check(body, count)
     if isinstance(checked, tuple):
         raise _record_error(checked, count)
     top = batch.base_timestamp + checked
+    if codec is not None and codec != batch.codec and not batch.control:
+        return _recompressed(batch, body, codec, batch.max_timestamp if batch.log_append_time else top)
     if batch.max_timestamp == top or batch.log_append_time:
         return batch
     data = bytearray(batch.data)
@@ -370,6 +384,60 @@ def validate(batch: Batch, *, max_bytes: int = DEFAULT_MAX_BYTES, max_records: i
     crc = crc32c(memoryview(data)[_ATTRIBUTES_OFFSET:])
     _U32.pack_into(data, _CRC_OFFSET, crc)
     return batch._replace(data=memoryview(data), max_timestamp=top, crc=crc)
+
+
+def _recompressed(batch: Batch, body: memoryview, codec: int, max_timestamp: int) -> Batch:
+    """``batch`` with its records ``body`` (uncompressed) encoded with ``codec``: the
+    header kept but for the attributes' codec bits, batchLength, maxTimestamp and the
+    crc, so producer id, epoch, sequence, timestamps and offset deltas are unchanged."""
+    records = _COMPRESS[codec](body) if codec != CODEC_NONE else body
+    data = bytearray(batch.data[:HEADER_SIZE])
+    data += records
+    attributes = (batch.attributes & ~_CODEC_MASK) | codec
+    _I32.pack_into(data, 8, len(data) - LOG_OVERHEAD)
+    _I16.pack_into(data, _ATTRIBUTES_OFFSET, attributes)
+    _I64.pack_into(data, _MAX_TIMESTAMP_OFFSET, max_timestamp)
+    crc = crc32c(memoryview(data)[_ATTRIBUTES_OFFSET:])
+    _U32.pack_into(data, _CRC_OFFSET, crc)
+    return batch._replace(
+        data=memoryview(data),
+        length=len(data) - LOG_OVERHEAD,
+        crc=crc,
+        attributes=attributes,
+        max_timestamp=max_timestamp,
+    )
+
+
+def _gzip(body: memoryview) -> bytes:
+    c = zlib.compressobj(wbits=31)  # a gzip member, as Java's GZIPOutputStream writes
+    return c.compress(body) + c.flush()
+
+
+def _lz4(body: memoryview) -> bytes:
+    # As Kafka's KafkaLZ4BlockOutputStream writes: independent 64 KiB blocks, no
+    # content size or checksum (its reader refuses linked blocks).
+    return bytes(
+        lz4.frame.compress(
+            body,
+            block_size=lz4.frame.BLOCKSIZE_MAX64KB,
+            block_linked=False,
+            content_checksum=False,
+            store_size=False,
+        )
+    )
+
+
+def _zstd(body: memoryview) -> bytes:
+    return zstandard.ZstdCompressor(level=3).compress(body)  # Kafka's default level
+
+
+#: Encoders of re-compressed batches (snappy: xerial-framed, as the Java client writes).
+_COMPRESS: Final[dict[int, Callable[[memoryview], bytes]]] = {
+    CODEC_GZIP: _gzip,
+    CODEC_SNAPPY: xerial_compress,
+    CODEC_LZ4: _lz4,
+    CODEC_ZSTD: _zstd,
+}
 
 
 def _record_error(fault: tuple[int, int | None, str], count: int) -> BatchError:

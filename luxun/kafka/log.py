@@ -19,7 +19,11 @@ batches' max timestamps under the partition's lock.
 A topic's Kafka settings live in ``kafka.json`` in the directory of its partition 0
 (``partitions``, ``topic_id``, ``timestamp_type``, the ``configs`` given at creation,
 see :mod:`.topic_configs`); a luxun topic without one is a one-partition topic with
-CreateTime and a topic id derived from its name. Java Luxun ignores the file. A
+CreateTime and a topic id derived from its name. Java Luxun ignores the file. Two of
+the configs act on every produce: ``max.message.bytes`` (:meth:`KafkaLog._too_large`,
+instead of the broker's ``message.max.bytes``) and ``compression.type`` (a batch of
+another codec re-encoded by :func:`luxun.records.validate`); both are read once into
+the cached :class:`TopicInfo`. A
 creation writes it last (as ``kafka.json.tmp`` first, which marks the creation as
 under way); :func:`remove_interrupted_creations` removes at start what a crash left.
 
@@ -102,6 +106,14 @@ _PRODUCER_BATCHES: Final = 5
 _REBUILD_ITEMS: Final = 1000
 
 _I64 = struct.Struct(">q")
+#: compression.type -> the codec batches are stored with (``producer``: absent, as sent).
+_CODECS: Final = {
+    "uncompressed": rec.CODEC_NONE,
+    "gzip": rec.CODEC_GZIP,
+    "snappy": rec.CODEC_SNAPPY,
+    "lz4": rec.CODEC_LZ4,
+    "zstd": rec.CODEC_ZSTD,
+}
 
 # Kafka error codes used here (kio.schema.errors.ErrorCode values).
 NONE: Final = 0
@@ -136,6 +148,8 @@ class TopicInfo:
     configs: Mapping[str, str] = field(default_factory=dict, hash=False)
     #: Its ``max.message.bytes`` (None: not set, the broker's ``message.max.bytes``).
     max_message_bytes: int | None = None
+    #: The codec of its ``compression.type`` (None: ``producer``, batches kept as sent).
+    codec: int | None = None
 
 
 @dataclass
@@ -272,6 +286,7 @@ class KafkaLog:
             str(settings.get("timestamp_type", "CreateTime")),
             kept,
             int(kept["max.message.bytes"]) if "max.message.bytes" in kept else None,
+            _CODECS.get(kept.get("compression.type", "producer")),
         )
         with self._infos_lock:
             self._infos[topic] = info
@@ -539,8 +554,9 @@ class KafkaLog:
         The new set is checked as at creation (:func:`check_topic_configs`: INVALID_CONFIG
         naming the first refused config), then kept in ``kafka.json``
         (:meth:`write_settings`, crash-safe) unless ``validate_only``. It takes effect at
-        once: ``message.timestamp.type`` and ``max.message.bytes`` for the next produce,
-        ``retention.ms`` and ``retention.bytes`` at the next retention pass.
+        once: ``message.timestamp.type``, ``max.message.bytes`` and ``compression.type``
+        for the next produce, ``retention.ms`` and ``retention.bytes`` at the next
+        retention pass.
 
         Raises:
             ConfigProblem: from ``change``, answered as INVALID_CONFIG.
@@ -622,8 +638,15 @@ class KafkaLog:
         too_large = self._too_large(batches, info)
         if too_large is not None:
             return too_large
+        codec = None if info is None else info.codec
         try:  # every record read before anything is stored (a few ns per record)
-            batches = [rec.validate(b) for b in batches]
+            if codec is None:
+                batches = [rec.validate(b) for b in batches]
+            else:  # re-encoded where the codec differs: sizes may change (Kafka checks again)
+                batches = [rec.validate(b, codec=codec) for b in batches]
+                too_large = self._too_large(batches, info)
+                if too_large is not None:
+                    return too_large
         except rec.BatchError as exc:
             errors = () if exc.record is None else ((exc.record, str(exc)),)
             return ProduceResult(error=exc.code, message=str(exc), record_errors=errors)

@@ -10,12 +10,13 @@ x for configuration y: ..."). A valid value then meets luxun's policy for its ke
 * **honoured**: ``message.timestamp.type``, ``retention.ms``, ``retention.bytes``
   (per partition, over the broker's retention; see :mod:`luxun.retention`),
   ``max.message.bytes`` (over the broker's ``message.max.bytes``; at most what one
-  stored item can hold, the data page size);
+  stored item can hold, the data page size), ``compression.type`` (batches of another
+  codec re-encoded before they are stored, see :func:`luxun.records.validate`);
 * **ignored**: keys with no effect on a one-broker log without compaction or tiered
   storage (replication throttles, segment and index sizes, compaction tuning,
   ``unclean.leader.election.enable``, ...), accepted at any valid value;
 * **only the value luxun behaves as**: e.g. ``cleanup.policy=delete``,
-  ``compression.type=producer``, ``min.insync.replicas=1``; any other
+  ``min.insync.replicas=1``; any other
   value is refused with INVALID_CONFIG saying luxun does not support it.
 
 :data:`TOPIC_CONFIGS` is the table; :func:`check_topic_configs` applies it to one
@@ -115,9 +116,8 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
             supported=(["delete"],), why=_NO_COMPACTION,
         ),
         TopicConfig(
-            "compression.type", "string", "producer", ONLY,
-            choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"), supported=("producer",),
-            why="luxun stores record batches as the producer compressed them (only compression.type=producer)",
+            "compression.type", "string", "producer", HONOURED,
+            choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
         ),
         TopicConfig("compression.gzip.level", "int", "-1", IGNORED, lo=-1, hi=9, valid=_gzip_level),
         TopicConfig("compression.lz4.level", "int", "9", IGNORED, lo=1, hi=17),

@@ -13,9 +13,12 @@ import pytest
 
 from tests._broker import BrokerProcess
 
-from ._kafka import RawClient, fetch_request, produce_partition_response, produce_request, record_batch
+from ._kafka import RawClient, fetch_request, produce_partition_response, produce_request, read_partition, record_batch
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning"),  # it is what we test
+]
 
 MESSAGE_TOO_LARGE = 10
 INVALID_CONFIG = 40
@@ -104,5 +107,128 @@ def test_max_message_bytes_per_topic(tmp_path: Path) -> None:
             refused = _produce(raw, "small", record_batch([_noise(40_000, 3)]))
             assert refused.error_code == MESSAGE_TOO_LARGE
             assert _stored(raw, "small") == [(0, 1, 0), (1, 1, 0)]
+    finally:
+        broker.stop()
+
+
+def _batch(values: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]], ts: int, codec: int, **ids: int) -> bytes:
+    """A record batch (kafka-python's encoder) of (key, value, headers), timestamps ts, ts+1, ..."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(
+        2,
+        codec,
+        False,
+        ids.get("producer_id", -1),
+        ids.get("producer_epoch", -1),
+        ids.get("base_sequence", -1),
+        1 << 24,
+    )
+    for i, (key, value, headers) in enumerate(values):
+        builder.append(i, timestamp=ts + i, key=key, value=value, headers=headers)
+    return bytes(builder.build())
+
+
+def test_compression_type_reencodes_what_is_stored(tmp_path: Path) -> None:
+    """compression.type=zstd: gzip and uncompressed batches are stored as zstd (the
+    stored batch's attributes, read back raw), and confluent-kafka, kafka-python and a
+    Thrift consumer read the same keys, values, headers and timestamps; an idempotent
+    retry is still answered with its first offset and not stored again. Changed to
+    uncompressed by AlterConfigs, the next batch is stored uncompressed, also after a
+    restart; DescribeConfigs shows it as the topic's."""
+    from confluent_kafka.admin import ConfigResource
+    from kafka import KafkaConsumer, TopicPartition
+
+    from clients.pack import decode_pack
+    from idl import luxun_thrift as T
+
+    ts = 1_700_000_000_000
+    first = [(b"k%d" % i, b"gzip value %d " % i * 20, [("h", b"%d" % i)]) for i in range(30)]
+    second = [(None, b"plain %d" % i, []) for i in range(5)]
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        admin = _admin(broker)
+        _create(admin, "z", {"compression.type": "zstd"})
+        assert _describe(admin, "z")["compression.type"] == ("zstd", TOPIC_CONFIG)
+        ids = {"producer_id": 4242, "producer_epoch": 0}
+        with RawClient(broker.kafka_port) as raw:
+            assert _produce(raw, "z", _batch(first, ts, 1, **ids, base_sequence=0)).base_offset == 0
+            retry = _batch(first, ts, 1, **ids, base_sequence=0)
+            assert _produce(raw, "z", retry).base_offset == 0  # deduplicated: same offset
+            assert _produce(raw, "z", _batch(second, ts + 100, 0, **ids, base_sequence=30)).base_offset == 30
+            assert [(o, n, a & 7) for o, n, a in _stored(raw, "z")] == [(0, 30, 4), (30, 5, 4)]
+        want = [(k, v, h, ts + i) for i, (k, v, h) in enumerate(first)]
+        want += [(k, v, h, ts + 100 + i) for i, (k, v, h) in enumerate(second)]
+        got = [
+            (m.key(), m.value(), m.headers() or [], m.timestamp()[1])
+            for m in read_partition(broker.bootstrap, "z", 0, 35)
+        ]
+        assert got == want
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=3000, enable_auto_commit=False)
+        consumer.assign([TopicPartition("z", 0)])
+        consumer.seek(TopicPartition("z", 0), 0)
+        got = [(m.key, m.value, list(m.headers), m.timestamp) for m in consumer]
+        consumer.close()
+        assert got == want
+        thrift = broker.client()
+        items = thrift.consume(T.ConsumeRequest(topic="z", startIndex=0, maxFetchSize=1 << 20)).itemList
+        thrift.close()
+        assert [decode_pack(item) for item in items] == [[v for _, v, _ in first], [v for _, v, _ in second]]
+
+        (future,) = admin.alter_configs(
+            [ConfigResource("topic", "z", set_config={"compression.type": "uncompressed"})], request_timeout=10
+        ).values()
+        future.result(10)
+        with RawClient(broker.kafka_port) as raw:
+            assert _produce(raw, "z", _batch(second, ts + 200, 3)).base_offset == 35  # lz4 in
+            assert [a & 7 for _, _, a in _stored(raw, "z")] == [4, 4, 0]
+        broker.stop()
+        broker.start()
+        admin = _admin(broker)
+        assert _describe(admin, "z")["compression.type"] == ("uncompressed", TOPIC_CONFIG)
+        with RawClient(broker.kafka_port) as raw:
+            assert _produce(raw, "z", _batch(second, ts + 300, 2)).base_offset == 40  # snappy in
+            assert [a & 7 for _, _, a in _stored(raw, "z")] == [4, 4, 0, 0]
+        got = [(m.value(), m.timestamp()[1]) for m in read_partition(broker.bootstrap, "z", 0, 45)[35:]]
+        assert got == [(v, ts + 200 + i) for i, (_, v, _) in enumerate(second)] + [
+            (v, ts + 300 + i) for i, (_, v, _) in enumerate(second)
+        ]
+    finally:
+        broker.stop()
+
+
+def test_producer_clients_on_a_recompressing_topic(tmp_path: Path) -> None:
+    """confluent-kafka (idempotent, lz4) and kafka-python (gzip) producing to a topic with
+    compression.type=snappy: every stored batch is snappy and reads back whole."""
+    from confluent_kafka import Producer
+    from kafka import KafkaProducer
+
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        _create(_admin(broker), "s", {"compression.type": "snappy"})
+        producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "enable.idempotence": True,
+                "compression.type": "lz4",
+                "linger.ms": 20,
+            }
+        )
+        for i in range(20):
+            producer.produce("s", value=b"cf %d" % i, key=b"c", headers=[("n", b"%d" % i)], timestamp=1000 + i)
+        assert producer.flush(10) == 0
+        kp = KafkaProducer(bootstrap_servers=broker.bootstrap, compression_type="gzip", linger_ms=20)
+        for i in range(20):
+            kp.send("s", value=b"kp %d" % i, key=b"p", headers=[("n", b"%d" % i)], timestamp_ms=2000 + i)
+        kp.flush(10)
+        kp.close()
+        with RawClient(broker.kafka_port) as raw:
+            assert {a & 7 for _, _, a in _stored(raw, "s")} == {2}
+        got = [
+            (m.key(), m.value(), m.headers(), m.timestamp()[1]) for m in read_partition(broker.bootstrap, "s", 0, 40)
+        ]
+        assert got == [(b"c", b"cf %d" % i, [("n", b"%d" % i)], 1000 + i) for i in range(20)] + [
+            (b"p", b"kp %d" % i, [("n", b"%d" % i)], 2000 + i) for i in range(20)
+        ]
     finally:
         broker.stop()
