@@ -150,6 +150,8 @@ class TopicInfo:
     max_message_bytes: int | None = None
     #: The codec of its ``compression.type`` (None: ``producer``, batches kept as sent).
     codec: int | None = None
+    #: Its ``cleanup.policy`` names ``compact``: every record needs a key.
+    compact: bool = False
 
 
 @dataclass
@@ -287,6 +289,7 @@ class KafkaLog:
             kept,
             int(kept["max.message.bytes"]) if "max.message.bytes" in kept else None,
             _CODECS.get(kept.get("compression.type", "producer")),
+            "compact" in (v.strip() for v in kept.get("cleanup.policy", "delete").split(",")),
         )
         with self._infos_lock:
             self._infos[topic] = info
@@ -583,11 +586,17 @@ class KafkaLog:
     def retention_overrides(self, name: str) -> tuple[int | None, int | None]:
         """``retention.ms`` and ``retention.bytes`` given at the creation of the Kafka
         topic whose partition is the luxun topic ``name`` (None: not given; the broker's
-        settings apply). For :class:`~luxun.retention.Maintenance` (``topic_overrides``)."""
+        settings apply). For :class:`~luxun.retention.Maintenance` (``topic_overrides``).
+        A topic whose ``cleanup.policy`` is ``compact`` alone keeps everything (-1, -1):
+        luxun does not compact, and deleting by age or size would lose the last value of
+        a key, which a compacted topic keeps."""
         topic = partition_of(name)[0]
         info = self._infos.get(topic) or self.describe(topic)
         if info is None or not info.configs:
             return None, None
+        policy = {v.strip() for v in info.configs.get("cleanup.policy", "delete").split(",")}
+        if policy == {"compact"}:
+            return -1, -1
         ms, size = info.configs.get("retention.ms"), info.configs.get("retention.bytes")
         return (None if ms is None else int(ms)), (None if size is None else int(size))
 
@@ -613,6 +622,22 @@ class KafkaLog:
             return None
         name = partition_topic(topic, partition)
         return self.topics.get(name) or self.topics.open(name)
+
+    @staticmethod
+    def _keyless(topic: str, partition: int, batches: Sequence[Any]) -> ProduceResult | None:
+        """A compacted topic's refusal of records without a key, as Kafka's broker answers
+        it (INVALID_RECORD, each such record in ``record_errors``); None if every record
+        has one. Control batches (transaction markers) have keys of their own."""
+        message = f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
+        for b in batches:
+            if b.control:
+                continue
+            missing = [i for i, r in enumerate(rec.batch_records(b.data)) if r.key is None]
+            if missing:
+                return ProduceResult(
+                    error=rec.INVALID_RECORD, message=message, record_errors=tuple((i, message) for i in missing)
+                )
+        return None
 
     def _state(self, name: str) -> _PartitionState:
         state = self._states.get(name)
@@ -650,6 +675,10 @@ class KafkaLog:
         except rec.BatchError as exc:
             errors = () if exc.record is None else ((exc.record, str(exc)),)
             return ProduceResult(error=exc.code, message=str(exc), record_errors=errors)
+        if info is not None and info.compact:
+            keyless = self._keyless(topic, partition, batches)
+            if keyless is not None:
+                return keyless
         for _attempt in range(3):
             part = self._partition(topic, partition)
             if part is None or info is None:

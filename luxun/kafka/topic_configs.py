@@ -11,12 +11,15 @@ x for configuration y: ..."). A valid value then meets luxun's policy for its ke
   (per partition, over the broker's retention; see :mod:`luxun.retention`),
   ``max.message.bytes`` (over the broker's ``message.max.bytes``; at most what one
   stored item can hold, the data page size), ``compression.type`` (batches of another
-  codec re-encoded before they are stored, see :func:`luxun.records.validate`);
+  codec re-encoded before they are stored, see :func:`luxun.records.validate`),
+  ``cleanup.policy`` (``compact``: every record needs a key, INVALID_RECORD otherwise,
+  as Kafka; luxun removes no older value of a key, so a compacted topic keeps at least
+  the last value of each, as Kafka promises; with ``compact`` alone retention deletes
+  nothing, with ``compact,delete`` it deletes as for ``delete``);
 * **ignored**: keys with no effect on a one-broker log without compaction or tiered
   storage (replication throttles, segment and index sizes, compaction tuning,
   ``unclean.leader.election.enable``, ...), accepted at any valid value;
-* **only the value luxun behaves as**: e.g. ``cleanup.policy=delete``,
-  ``min.insync.replicas=1``; any other
+* **only the value luxun behaves as**: e.g. ``min.insync.replicas=1``; any other
   value is refused with INVALID_CONFIG saying luxun does not support it.
 
 :data:`TOPIC_CONFIGS` is the table; :func:`check_topic_configs` applies it to one
@@ -104,17 +107,13 @@ def _gzip_level(value: object) -> str | None:
     return None if value != 0 else "Value must be -1 or between 1 and 9"
 
 
-_NO_COMPACTION: Final = "luxun keeps no compacted topics (only cleanup.policy=delete)"
 _NO_TIERING: Final = "luxun has no tiered storage"
 
 #: Every topic-level key of Apache Kafka's TopicConfig, by name.
 TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
     c.name: c
     for c in (
-        TopicConfig(
-            "cleanup.policy", "list", "delete", ONLY, choices=("compact", "delete"),
-            supported=(["delete"],), why=_NO_COMPACTION,
-        ),
+        TopicConfig("cleanup.policy", "list", "delete", HONOURED, choices=("compact", "delete")),
         TopicConfig(
             "compression.type", "string", "producer", HONOURED,
             choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),

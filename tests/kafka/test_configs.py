@@ -117,8 +117,8 @@ def test_refused_configs_get_invalid_config_and_change_nothing(broker: BrokerPro
     assert name == "INVALID_CONFIG" and "luxun does not support min.insync.replicas=2" in message
     name, message = _refused(_incremental, admin, "topic", "kept", ("retention.ms", "APPEND", "1"))
     assert (name, message) == ("INVALID_CONFIG", "Config value append is not allowed for config key: retention.ms")
-    name, message = _refused(_incremental, admin, "topic", "kept", ("cleanup.policy", "APPEND", "compact"))
-    assert name == "INVALID_CONFIG" and "luxun does not support cleanup.policy=delete,compact" in message
+    name, message = _refused(_incremental, admin, "topic", "kept", ("flush.messages", "SET", "1"))
+    assert name == "INVALID_CONFIG" and "luxun does not support flush.messages=1" in message
     name, _ = _refused(_alter, admin, "topic", "missing", {"retention.ms": "1"})
     assert name == "UNKNOWN_TOPIC_OR_PART"
     assert _describe(admin, "topic", "kept")["retention.ms"][0] == "5000"  # nothing changed

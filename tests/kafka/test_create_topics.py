@@ -91,7 +91,6 @@ def test_check_topic_configs_table() -> None:
     assert problem(("retention.ms", None)) == "Null value not supported for topic configs: retention.ms"
     assert problem(("retention.ms", "1"), ("retention.ms", "2")).startswith("Topic config retention.ms is given")
     for key, value in (
-        ("cleanup.policy", "compact"),
         ("min.insync.replicas", "2"),
         ("remote.storage.enable", "true"),
         ("flush.messages", "1"),
@@ -182,7 +181,7 @@ def test_validate_only_gives_the_answer_of_a_creation_and_makes_nothing(tmp_path
         good = {"retention.ms": "3600000", "message.timestamp.type": "LogAppendTime", "min.insync.replicas": "1"}
         bad = {
             "bad-value": {"retention.ms": "an hour"},
-            "compacted": {"cleanup.policy": "compact"},
+            "flushed": {"flush.messages": "1"},
             "replicated": {"min.insync.replicas": "2"},
             "unknown": {"retention.hours": "1"},
         }
@@ -196,7 +195,7 @@ def test_validate_only_gives_the_answer_of_a_creation_and_makes_nothing(tmp_path
             error = refused.value.args[0]
             assert error.code() == INVALID_CONFIG, (name, error)
             assert next(iter(bad[name])) in error.str(), (name, error)
-        assert "luxun does not support cleanup.policy=compact" in _str(futures["compacted"])
+        assert "luxun does not support flush.messages=1" in _str(futures["flushed"])
         assert _topic_dirs(broker.data_dir) == []
 
         # 3 + 3 partitions > max.topics=5: the second is refused though nothing was made.
@@ -238,7 +237,7 @@ def test_one_bad_topic_among_several(broker: BrokerProcess) -> None:
         broker,
         [
             {"name": "alpha", "partitions": 2, "configs": [("retention.bytes", "1000000")]},
-            {"name": "bad-config", "partitions": 2, "configs": [("cleanup.policy", "compact")]},
+            {"name": "bad-config", "partitions": 2, "configs": [("flush.messages", "1")]},
             {"name": "beta", "partitions": 1, "configs": [("unclean.leader.election.enable", "false")]},
             {"name": "bad-factor", "partitions": 2, "replication_factor": 2},
             {"name": "zero-factor", "partitions": 2, "replication_factor": 0},
@@ -263,7 +262,7 @@ def test_one_bad_topic_among_several(broker: BrokerProcess) -> None:
         "assigned": 0,
         "twice": INVALID_REQUEST,
     }
-    assert "luxun does not support cleanup.policy=compact" in got["bad-config"].error_message
+    assert "luxun does not support flush.messages=1" in got["bad-config"].error_message
     assert got["assigned"].num_partitions == 2
     assert _topic_dirs(broker.data_dir) == ["alpha", "alpha~1", "assigned", "assigned~1", "beta"]
     topics = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics

@@ -232,3 +232,55 @@ def test_producer_clients_on_a_recompressing_topic(tmp_path: Path) -> None:
         ]
     finally:
         broker.stop()
+
+
+def test_a_compacted_topic_refuses_records_without_a_key_and_keeps_every_value(tmp_path: Path) -> None:
+    """cleanup.policy=compact (set by IncrementalAlterConfigs APPEND, as librdkafka's 0011
+    does): a batch with keyless records is refused whole with INVALID_RECORD naming each of
+    them (KIP-467), nothing stored; keyed batches land; confluent-kafka's producer sees the
+    refusal per record; and retention never deletes from a topic that is compact alone."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        admin = _admin(broker)
+        _create(admin, "kv", {"retention.ms": "1000"})
+        entry = ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)
+        (future,) = admin.incremental_alter_configs(
+            [ConfigResource("topic", "kv", incremental_configs=[entry])], request_timeout=10
+        ).values()
+        future.result(10)
+        assert _describe(admin, "kv")["cleanup.policy"] == ("delete,compact", TOPIC_CONFIG)
+        with RawClient(broker.kafka_port) as raw:
+            keyless = _batch([(b"k0", b"v0", []), (None, b"v1", []), (b"k2", b"v2", []), (None, b"v3", [])], 1, 0)
+            refused = _produce(raw, "kv", keyless)
+            assert refused.error_code == 87  # INVALID_RECORD
+            assert [e.batch_index for e in refused.record_errors] == [1, 3]
+            assert "without key" in refused.error_message
+            assert _produce(raw, "kv", _batch([(b"k0", b"v0", []), (b"k1", b"v1", [])], 1, 0)).error_code == 0
+            assert len(_stored(raw, "kv")) == 1  # only the keyed batch
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50})
+        errors: list[str | None] = []
+        for i in range(6):
+            key = None if i % 3 == 0 else f"k{i}".encode()
+            producer.produce("kv", b"v%d" % i, key=key, on_delivery=lambda err, msg: errors.append(err and err.name()))
+        producer.flush(15)
+        assert errors.count("INVALID_RECORD") == 2
+        # compact alone: the retention.ms given before no longer deletes anything
+        (future,) = admin.alter_configs(
+            [ConfigResource("topic", "kv", set_config={"cleanup.policy": "compact", "retention.ms": "1000"})],
+            request_timeout=10,
+        ).values()
+        future.result(10)
+    finally:
+        broker.stop()
+    from luxun.kafka.log import KafkaLog
+    from luxun.topics import TopicManager
+
+    topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=1 << 20)
+    try:
+        kafka = KafkaLog(topics)
+        assert kafka.retention_overrides("kv") == (-1, -1)
+    finally:
+        topics.close()
