@@ -171,9 +171,9 @@ class Broker:
         self.sasl: Authenticator | None = None
         if config.kafka_port and config.kafka_sasl_mechanisms:
             self.sasl = Authenticator(config.kafka_sasl_mechanisms, UserStore(config.kafka_sasl_users_file))
-        #: The Kafka port's ACLs: with SASL on only (off, nothing is checked, as Kafka without an authorizer).
+        #: The Kafka port's ACLs: with SASL on, or off with authorizer.class.name (else nothing is checked).
         self.kafka_acls: Authorizer | None = None
-        if self.sasl is not None:
+        if self.sasl is not None or config.kafka_authorizer.strip():
             self.kafka_acls = Authorizer(
                 os.path.join(config.data_dir, ACL_FILE),
                 allow_everyone_if_no_acl_found=config.kafka_allow_everyone_if_no_acl_found,

@@ -40,6 +40,7 @@ key                                        field                         default
 ``kafka.sasl.users.file`` (ours)           ``kafka_sasl_users_file``     none
 ``kafka.allow.unauthenticated`` (ours)     ``kafka_allow_unauthenticated`` false
 ``allow.everyone.if.no.acl.found`` (ours)  ``kafka_allow_everyone_if_no_acl_found`` false
+``authorizer.class.name`` (ours)           ``kafka_authorizer``          none (ACLs with SASL on only)
 =========================================  ============================  ====================
 
 The Kafka port's keys (``kafka.*``, ``num.partitions``, ``delete.topic.enable``...) are
@@ -358,6 +359,9 @@ class BrokerConfig:
     kafka_allow_everyone_if_no_acl_found: bool = field(
         default=False, metadata=_key("allow.everyone.if.no.acl.found", ours=True)
     )
+    #: Kafka's authorizer class: named, ACLs apply with SASL off too (every connection
+    #: is User:ANONYMOUS, as on a Kafka PLAINTEXT listener); with SASL on they always do.
+    kafka_authorizer: str = field(default="", metadata=_key("authorizer.class.name", ours=True))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -416,6 +420,12 @@ class BrokerConfig:
                 "kafka.sasl.users.file is set but kafka.sasl.mechanisms is not: name the mechanisms to offer "
                 f"({','.join(KAFKA_SASL_MECHANISMS)}) or drop the users file",
                 key="kafka.sasl.mechanisms",
+            )
+        if self.kafka_authorizer.strip() and self.kafka_authorizer.strip() not in KAFKA_AUTHORIZERS:
+            raise ConfigError(
+                f"authorizer.class.name={self.kafka_authorizer}: luxun's authorizer behaves as Kafka's "
+                f"StandardAuthorizer; name one of {', '.join(sorted(KAFKA_AUTHORIZERS))}, or none",
+                key="authorizer.class.name",
             )
         host = self.kafka_host or self.host
         open_to_all = not self.kafka_sasl_mechanisms and not self.kafka_allow_unauthenticated
@@ -515,7 +525,16 @@ _FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fie
 _FIELD_BY_KEY: dict[str, dataclasses.Field[Any]] = {f.metadata["key"]: f for f in _FIELDS.values()}
 _STR_FIELDS = frozenset({"data_dir", "host", "metrics_host", "password"})
 #: String fields that may be empty (meaning: derived from another setting).
-_OPTIONAL_STR_FIELDS = frozenset({"kafka_host", "kafka_advertised_host", "kafka_sasl_users_file"})
+_OPTIONAL_STR_FIELDS = frozenset({"kafka_host", "kafka_advertised_host", "kafka_sasl_users_file", "kafka_authorizer"})
+#: The authorizer classes of Kafka that ``authorizer.class.name`` may name: luxun's
+#: authorizer (luxun.kafka.acls) behaves as they do.
+KAFKA_AUTHORIZERS = frozenset(
+    {
+        "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "kafka.security.authorizer.AclAuthorizer",
+        "kafka.security.auth.SimpleAclAuthorizer",
+    }
+)
 _MAP_FIELDS = frozenset({"topic_flush_intervals_ms", "topic_retention_hours"})
 _BOOL_FIELDS = frozenset(
     {"auto_create_topics", "delete_topic_enable", "kafka_allow_unauthenticated", "kafka_allow_everyone_if_no_acl_found"}

@@ -168,6 +168,8 @@ num.partitions=4
 auto.create.topics.enable=$autocreate
 delete.topic.enable=true
 group.initial.rebalance.delay.ms=3000
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=true
 EOF
     mapfile -t ports < <(free_ports)
     (cd "$luxun" && PYTHONPATH=$luxun exec "$python" -m luxun serve \

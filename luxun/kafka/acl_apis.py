@@ -51,7 +51,9 @@ MAX_API_ITERATIONS: Final = min(16384, MAX_ITERATIONS)
 _MECHANISM_CODES: Final = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}
 _CODE_OF: Final = {name: code for code, name in _MECHANISM_CODES.items()}
 _DESCRIBED_TWICE: Final = "Cannot describe SCRAM credentials for the same user twice in a single request"
-_NO_AUTHORIZER: Final = "No Authorizer is configured on the broker (SASL is off: kafka.sasl.mechanisms)"
+_NO_AUTHORIZER: Final = (
+    "No Authorizer is configured on the broker (SASL is off: kafka.sasl.mechanisms; or name authorizer.class.name)"
+)
 _SCRAM_DISABLED: Final = "SCRAM credentials live in the users file, which needs SASL on (kafka.sasl.mechanisms)"
 
 

@@ -158,8 +158,9 @@ class KafkaHandler:
             ``VERSIONS``), or None: group APIs are not announced.
         metrics: counters of requests per API and version and errors per code.
         sasl: the mechanisms and users when SASL is on; None: off.
-        acls: the authorizer (:mod:`luxun.kafka.acls`) when SASL is on; None: nothing
-            is checked, as a Kafka broker without an authorizer.
+        acls: the authorizer (:mod:`luxun.kafka.acls`): with SASL on, or off with
+            ``authorizer.class.name`` (connections are then User:ANONYMOUS); None:
+            nothing is checked, as a Kafka broker without an authorizer.
         scram_users: with SASL off, where the SCRAM credential APIs keep credentials
             (None: those APIs are not served then).
         transactions: the transaction coordinator (:mod:`luxun.kafka.transactions`), or
@@ -198,8 +199,9 @@ class KafkaHandler:
         self.port = port
         self.groups = groups
         self.sasl = sasl
-        #: None with SASL off: no check is made (Produce and Fetch call nothing).
-        self.acls = acls if sasl is not None else None
+        #: None without an authorizer (SASL off and no authorizer.class.name): no check
+        #: is made (Produce and Fetch call nothing).
+        self.acls = acls
         #: SCRAM credentials: the SASL users file, or with SASL off the broker's own
         #: store of them (as Kafka keeps them whatever its listeners); None: not served.
         credentials = sasl.users if sasl is not None else scram_users
@@ -761,9 +763,14 @@ class KafkaHandler:
         return self._response(header, error_code=NONE, producer_id=self.log.next_producer_id(), producer_epoch=0)
 
     # -- SASL --------------------------------------------------------------------------
-    def new_session(self) -> SaslSession | None:
-        """See :class:`~luxun.kafka.server.FrameHandler`."""
-        return None if self.sasl is None else self.sasl.session()
+    def new_session(self, peer: Any = None) -> SaslSession | None:
+        """See :class:`~luxun.kafka.server.FrameHandler`: with SASL off and an authorizer,
+        an anonymous session (User:ANONYMOUS, already logged in)."""
+        if self.sasl is not None:
+            return self.sasl.session()
+        if self.acls is not None:
+            return SaslSession.anonymous(str(peer[0]) if peer else "")
+        return None
 
     def sasl_handshake(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         """A SaslHandshake with SASL off, or once logged in (no re-authentication): as Kafka."""

@@ -525,6 +525,10 @@ class Authenticator:
         return user
 
 
+#: The principal's name of a connection without SASL (Kafka's KafkaPrincipal.ANONYMOUS).
+ANONYMOUS: Final = "ANONYMOUS"
+
+
 class SaslSession:
     """One connection's way through authentication.
 
@@ -536,7 +540,7 @@ class SaslSession:
 
     __slots__ = ("_auth", "_pending", "_scram", "authz", "host", "mechanism", "raw", "user")
 
-    def __init__(self, authenticator: Authenticator) -> None:
+    def __init__(self, authenticator: Authenticator | None) -> None:
         self._auth = authenticator
         self.mechanism: str | None = None
         self.raw = False
@@ -548,10 +552,19 @@ class SaslSession:
         #: The authorizer's cache of this connection's decisions (luxun.kafka.acls).
         self.authz: Any = None
 
+    @classmethod
+    def anonymous(cls, host: str) -> SaslSession:
+        """A connection with SASL off to a broker with an authorizer: User:ANONYMOUS, as
+        Kafka names the principal of a PLAINTEXT listener (ACLs may grant it rights)."""
+        session = cls(None)
+        session.user = User(ANONYMOUS, False, {})
+        session.host = host
+        return session
+
     @property
     def mechanisms(self) -> tuple[str, ...]:
         """The mechanisms offered."""
-        return self._auth.mechanisms
+        return self._auth.mechanisms if self._auth is not None else ()
 
     @property
     def admin(self) -> bool:
@@ -568,9 +581,16 @@ class SaslSession:
         """An admin: allowed everything whatever the ACLs (Kafka's super.users)."""
         return self.user is not None and self.user.admin
 
+    @property
+    def _authenticator(self) -> Authenticator:
+        """The mechanisms and users (an anonymous session has none: it never logs in)."""
+        if self._auth is None:
+            raise AuthenticationFailed("this connection has SASL off")
+        return self._auth
+
     def handshake(self, mechanism: str, version: int) -> bool:
         """The client chose ``mechanism`` (SaslHandshake of ``version``): True if offered."""
-        if mechanism not in self._auth.mechanisms:
+        if mechanism not in self._authenticator.mechanisms:
             return False
         self.mechanism = mechanism
         self.raw = version == 0
@@ -586,7 +606,7 @@ class SaslSession:
         if mechanism is None or self.user is not None:
             raise AuthenticationFailed("Authentication failed: no SASL exchange in progress")
         if mechanism == "PLAIN":
-            self.user = self._auth.check_plain(token)
+            self.user = self._authenticator.check_plain(token)
             return b""
         try:
             text = token.decode("utf-8")
@@ -611,10 +631,10 @@ class SaslSession:
         """scramp's ``auth_fn``: the credential of ``name`` for this mechanism (a decoy
         for an unknown user, or one without a credential for it)."""
         assert self.mechanism is not None
-        user = self._auth.users.get(name)
+        user = self._authenticator.users.get(name)
         credential = user.credentials.get(self.mechanism) if user is not None else None
         if credential is None:
-            credential = self._auth.decoy(self.mechanism, name)
+            credential = self._authenticator.decoy(self.mechanism, name)
             user = None
         self._pending = user
         return credential.salt, credential.stored_key, credential.server_key, credential.iterations

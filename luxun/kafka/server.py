@@ -76,8 +76,9 @@ class FrameHandler(Protocol):
                 sending the ``response`` of a :class:`~luxun.kafka.protocol.CloseConnection`).
         """
 
-    def new_session(self) -> SaslSession | None:
-        """A new connection's SASL session; None when SASL is off."""
+    def new_session(self, peer: Any = None) -> SaslSession | None:
+        """A new connection's SASL session (one already logged in: an anonymous one, for
+        an authorizer with SASL off); None when there is nothing to check."""
 
     def handle_auth_frame(self, frame: bytes, peer: Any, session: SaslSession) -> bytes:
         """Answer one frame of a connection not authenticated yet (the response frame).
@@ -98,8 +99,8 @@ class KafkaServer(TcpServer):
         super().__init__(host, port, name="luxun-kafka", **options)
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
-        session = self._handler.new_session()
-        if session is not None and not self._authenticate(sock, peer, session):
+        session = self._handler.new_session(peer)
+        if session is not None and session.user is None and not self._authenticate(sock, peer, session):
             return
         held = [0]  # input budget held by the read-ahead buffer
         pending: list[Any] = []  # responses not sent yet

@@ -208,6 +208,12 @@ def test_known_keys_are_designs_list_plus_ours() -> None:
         "kafka.sasl.mechanisms",
         "kafka.sasl.users.file",
         "kafka.allow.unauthenticated",
+        "allow.everyone.if.no.acl.found",
+        "authorizer.class.name",
+        "transaction.max.timeout.ms",
+        "transactional.id.expiration.ms",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "max.transactional.ids",
     }
     assert {"host", "metrics.host", "metrics.port", "busy.poll.us", *topic_keys, *kafka_keys} == OUR_KEYS
     assert KNOWN_KEYS == DESIGN_KEYS | OUR_KEYS

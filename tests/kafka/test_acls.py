@@ -453,3 +453,46 @@ def test_a_transactional_id_needs_write_on_it(acl_broker: BrokerProcess) -> None
         assert got == b"in a transaction"
     finally:
         consumer.close()
+
+
+def test_with_sasl_off_an_authorizer_applies_acls_to_user_anonymous(tmp_path: Path) -> None:
+    """authorizer.class.name with SASL off (what librdkafka's 0081 assumes of a plaintext
+    broker): ACLs are served and enforced, every connection being User:ANONYMOUS, as on a
+    Kafka PLAINTEXT listener; allow.everyone.if.no.acl.found decides for resources no ACL
+    names. A name that is not one of Kafka's authorizers is refused at start."""
+    props = tmp_path / "server.properties"
+    props.write_text(
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n"
+        "allow.everyone.if.no.acl.found=true\n"
+    )
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", "--config", str(props), kafka=True).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        _create_topic(admin, "anon-orders")
+        _create_acls(
+            admin, _binding("anon-orders", "User:ANONYMOUS", AclOperation.WRITE, permission=AclPermissionType.DENY)
+        )
+        described = admin.describe_acls(_describe_all_acls_filter()).result(15)
+        assert [(b.name, b.principal, b.operation) for b in described] == [
+            ("anon-orders", "User:ANONYMOUS", AclOperation.WRITE)
+        ]
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": False, "retries": 0})
+        reports: list[Any] = []
+        producer.produce("anon-orders", b"x", on_delivery=lambda err, msg: reports.append(err))
+        producer.flush(15)
+        assert [e.name() if e is not None else None for e in reports] == ["TOPIC_AUTHORIZATION_FAILED"]
+        producer.produce("anon-other", b"y", on_delivery=lambda err, msg: reports.append(err))  # no ACL: allowed
+        producer.flush(15)
+        assert reports[-1] is None
+    finally:
+        broker.stop()
+    props.write_text("authorizer.class.name=com.example.MyAuthorizer\n")
+    refused = BrokerProcess(tmp_path / "data", tmp_path / "refused.log", "--config", str(props), kafka=True)
+    with pytest.raises(RuntimeError, match=r"authorizer\.class\.name"):
+        refused.start()
+
+
+def _describe_all_acls_filter() -> AclBindingFilter:
+    return AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY, AclPermissionType.ANY
+    )
