@@ -257,6 +257,8 @@ class Broker:
                 topic_overrides=None if self.kafka_server is None else self.kafka_handler.log.retention_overrides,
                 # log.retention.ms/bytes set by Kafka clients at run time (AlterConfigs).
                 broker_overrides=None if self.kafka_server is None else self._broker_retention(),
+                # A Kafka topic's flush.ms, for each of its partitions.
+                flush_overrides=None if self.kafka_server is None else self.kafka_handler.log.flush_override,
             )
         except BaseException:
             groups = getattr(self, "kafka_groups", None)

@@ -13,7 +13,8 @@ One daemon thread wakes every ``tick_s`` seconds and, per topic:
   ``retention.ms`` and ``retention.bytes`` of a topic, for each of its partitions);
   an override wins over the broker's settings for that topic;
 - flushes (msync) a topic whose flush interval (``log.default.flush.interval.ms`` or
-  its ``topic.flush.intervals.ms`` override; ``<= 0``: never) has passed.
+  its ``topic.flush.intervals.ms`` override, or a door's, ``flush_overrides``: the
+  Kafka door's ``flush.ms``; ``<= 0``: never) has passed.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Maintenance:
         clock_ms: Callable[[], int] = now_ms,
         topic_overrides: RetentionOverrides | None = None,
         broker_overrides: Callable[[], tuple[int | None, int | None]] | None = None,
+        flush_overrides: Callable[[str], int | None] | None = None,
     ) -> None:
         self.topics = topics
         self.retention_hours = retention_hours
@@ -64,6 +66,8 @@ class Maintenance:
         self._clock_ms = clock_ms
         self.topic_overrides = topic_overrides
         self.broker_overrides = broker_overrides
+        #: A door's flush interval of a topic (the Kafka door's flush.ms); None: none.
+        self.flush_overrides = flush_overrides
         self._stop = threading.Event()
         self._next_cleanup = time.monotonic() + cleanup_interval_s
         self._thread = threading.Thread(target=self._run, name="luxun-maintenance", daemon=True)
@@ -142,6 +146,9 @@ class Maintenance:
                         )
                 queue.array.expire_idle_pages()
             interval_ms = self.topic_flush_intervals_ms.get(topic.name, self.flush_interval_ms)
+            if self.flush_overrides is not None:
+                own = self.flush_overrides(topic.name)
+                interval_ms = interval_ms if own is None else max(own, 1)
             if interval_ms > 0 and (now - topic.stats.last_flush_monotonic) * 1000 >= interval_ms:
                 topic.stats.last_flush_monotonic = now
                 queue.flush()

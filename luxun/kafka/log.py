@@ -600,6 +600,16 @@ class KafkaLog:
         ms, size = info.configs.get("retention.ms"), info.configs.get("retention.bytes")
         return (None if ms is None else int(ms)), (None if size is None else int(size))
 
+    def flush_override(self, name: str) -> int | None:
+        """The ``flush.ms`` of the Kafka topic whose partition is luxun topic ``name``
+        (None: not set, or Kafka's default, the largest long: the broker's interval
+        applies). For :class:`~luxun.retention.Maintenance` (``flush_overrides``)."""
+        info = self._infos.get(partition_of(name)[0]) or self.describe(partition_of(name)[0])
+        value = None if info is None else info.configs.get("flush.ms")
+        if value is None or int(value) >= (1 << 63) - 1:
+            return None
+        return int(value)
+
     def auto_create(self, topic: str) -> tuple[int, str | None]:
         """Create ``topic`` with ``num.partitions`` if auto-creation is on."""
         if not self.topics.auto_create:

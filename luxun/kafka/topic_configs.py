@@ -15,7 +15,10 @@ x for configuration y: ..."). A valid value then meets luxun's policy for its ke
   ``cleanup.policy`` (``compact``: every record needs a key, INVALID_RECORD otherwise,
   as Kafka; luxun removes no older value of a key, so a compacted topic keeps at least
   the last value of each, as Kafka promises; with ``compact`` alone retention deletes
-  nothing, with ``compact,delete`` it deletes as for ``delete``);
+  nothing, with ``compact,delete`` it deletes as for ``delete``), ``flush.ms`` (each
+  partition flushed, msync, at least that often, over the broker's
+  ``log.default.flush.interval.ms``; Kafka's default, the largest long, leaves the
+  broker's);
 * **ignored**: keys with no effect on a one-broker log without compaction or tiered
   storage (replication throttles, segment and index sizes, compaction tuning,
   ``unclean.leader.election.enable``, ...), accepted at any valid value;
@@ -127,10 +130,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfig]] = {
             "flush.messages", "long", str(INT64_MAX), ONLY, lo=1, supported=(INT64_MAX,),
             why="per-topic flushes are the broker's (log.flush.count, topic.flush.intervals.ms)",
         ),
-        TopicConfig(
-            "flush.ms", "long", str(INT64_MAX), ONLY, lo=0, supported=(INT64_MAX,),
-            why="per-topic flushes are the broker's (log.flush.count, topic.flush.intervals.ms)",
-        ),
+        TopicConfig("flush.ms", "long", str(INT64_MAX), HONOURED, lo=0),
         TopicConfig("follower.replication.throttled.replicas", "list", "", IGNORED, valid=_throttled_replicas),
         TopicConfig("leader.replication.throttled.replicas", "list", "", IGNORED, valid=_throttled_replicas),
         TopicConfig("index.interval.bytes", "int", "4096", IGNORED, lo=0),
@@ -280,6 +280,22 @@ BROKER_CONFIGS: Final[Mapping[str, TopicConfig]] = {
     for c in (
         TopicConfig("log.retention.ms", "long", "604800000", HONOURED, lo=-1),
         TopicConfig("log.retention.bytes", "long", "-1", HONOURED),
+        # Dynamic in Kafka, and of no effect on one broker without Kerberos, compaction,
+        # replication or Kafka's thread pools: accepted and kept, as the topic keys of
+        # that kind are.
+        TopicConfig("sasl.kerberos.min.time.before.relogin", "long", "60000", IGNORED),
+        TopicConfig("sasl.kerberos.ticket.renew.jitter", "double", "0.05", IGNORED),
+        TopicConfig("sasl.kerberos.ticket.renew.window.factor", "double", "0.8", IGNORED),
+        TopicConfig("background.threads", "int", "10", IGNORED, lo=1),
+        TopicConfig("num.io.threads", "int", "8", IGNORED, lo=1),
+        TopicConfig("num.network.threads", "int", "3", IGNORED, lo=1),
+        TopicConfig("num.replica.fetchers", "int", "1", IGNORED),
+        TopicConfig("num.recovery.threads.per.data.dir", "int", "2", IGNORED, lo=1),
+        TopicConfig("log.cleaner.threads", "int", "1", IGNORED, lo=0),
+        TopicConfig("log.cleaner.backoff.ms", "long", "15000", IGNORED, lo=0),
+        TopicConfig("unclean.leader.election.enable", "boolean", "false", IGNORED),
+        TopicConfig("leader.replication.throttled.rate", "long", str(INT64_MAX), IGNORED, lo=0),
+        TopicConfig("follower.replication.throttled.rate", "long", str(INT64_MAX), IGNORED, lo=0),
     )
 }
 

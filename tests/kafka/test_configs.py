@@ -160,7 +160,10 @@ def test_broker_retention_is_set_at_run_time_and_kept(tmp_path: Path) -> None:
         entries = _describe(admin, "broker", "0")
         assert entries["log.retention.ms"] == (str(168 * 3_600_000), ConfigSource.STATIC_BROKER_CONFIG.value)
         _incremental(admin, "broker", "0", ("log.retention.ms", "SET", "3600000"))
-        assert _refused(_incremental, admin, "broker", "0", ("background.threads", "SET", "9"))[0] == "INVALID_CONFIG"
+        assert (
+            _refused(_incremental, admin, "broker", "0", ("log.flush.scheduler.interval.ms", "SET", "9"))[0]
+            == "INVALID_CONFIG"
+        )
         assert _refused(_alter, admin, "broker", "0", {"log.retention.bytes": "lots"})[0] == "INVALID_CONFIG"
         broker.stop(signal.SIGKILL)
     finally:
@@ -272,3 +275,67 @@ def test_what_describe_shows_can_be_given_back_whole(broker: BrokerProcess) -> N
     assert len(shown) > 30
     _alter(admin, "topic", "whole", shown | {"message.format.version": "0.10.0.0"})
     assert _describe(admin, "topic", "whole")["message.format.version"][0] == "0.10.0.0"
+
+
+def test_a_topics_flush_ms_sets_its_partitions_flush_interval(tmp_path: Path) -> None:
+    """flush.ms set on a Kafka topic (by AlterConfigs) flushes its partitions at that
+    interval in the next maintenance passes, where the broker's interval (never, here)
+    flushes nothing; Kafka's default, the largest long, leaves the broker's."""
+    from luxun.kafka.log import KafkaLog
+    from luxun.retention import Maintenance
+    from luxun.topics import TopicManager
+
+    topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=4096)
+    try:
+        kafka = KafkaLog(topics)
+        for topic in ("flushed", "plain"):
+            assert kafka.create(topic, 2) == (0, None)
+        assert kafka.alter_configs("flushed", lambda now: [("flush.ms", "1")]) == (0, None)
+        assert kafka.alter_configs("plain", lambda now: [("flush.ms", str((1 << 63) - 1))]) == (0, None)
+        assert (kafka.flush_override("flushed~1"), kafka.flush_override("plain")) == (1, None)
+        maintenance = Maintenance(
+            topics,
+            retention_hours=168,
+            topic_retention_hours={},
+            retention_size_bytes=-1,
+            cleanup_interval_s=3600,
+            flush_interval_ms=-1,
+            topic_flush_intervals_ms={},
+            tick_s=1,
+            flush_overrides=kafka.flush_override,
+        )
+        for name in ("flushed", "flushed~1", "plain"):
+            assert (
+                kafka.produce(name.split("~")[0], int(name[-1]) if "~" in name else 0, record_batch([b"v"])).error == 0
+            )
+        before = {n: topics.open(n).stats.last_flush_monotonic for n in ("flushed", "flushed~1", "plain")}
+        time.sleep(0.01)
+        maintenance.run_once()
+        after = {n: topics.open(n).stats.last_flush_monotonic for n in ("flushed", "flushed~1", "plain")}
+        assert after["flushed"] > before["flushed"] and after["flushed~1"] > before["flushed~1"]
+        assert after["plain"] == before["plain"]
+    finally:
+        topics.close()
+
+
+def test_kafkas_dynamic_broker_keys_of_no_effect_are_accepted_and_kept(tmp_path: Path) -> None:
+    """AlterConfigs of the broker with a key Kafka changes at run time and luxun has no use
+    for (librdkafka's 0081 sets sasl.kerberos.min.time.before.relogin) is accepted and
+    shown; an unknown one is still refused."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        resource = ConfigResource("broker", "0", set_config={"sasl.kerberos.min.time.before.relogin": "58000"})
+        (future,) = admin.alter_configs([resource], request_timeout=10).values()
+        future.result(10)
+        (described,) = admin.describe_configs([ConfigResource("broker", "0")], request_timeout=10).values()
+        assert described.result(10)["sasl.kerberos.min.time.before.relogin"].value == "58000"
+        (refused,) = admin.alter_configs(
+            [ConfigResource("broker", "0", set_config={"log.flush.scheduler.interval.ms": "1"})], request_timeout=10
+        ).values()
+        with pytest.raises(Exception, match="Cannot update these configs dynamically"):
+            refused.result(10)
+    finally:
+        broker.stop()
