@@ -18,9 +18,9 @@ from bigarray.prefetch import PREFETCHER
 from idl import luxun_thrift as T
 from luxun.broker import Broker
 from luxun.config import BrokerConfig
-from luxun.retention import Maintenance
 from luxun.topics import TopicManager
 from tests._broker import PASSWORD, free_port
+from tests._retention import make_maintenance
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -142,15 +142,12 @@ def test_time_and_size_retention_and_flush(tmp_path: Path) -> None:
         # The read-ahead of big's next page counts against its size: let it be made first
         # (on a loaded machine the prefetch thread can run it after the retention pass).
         assert PREFETCHER.wait_idle(60)
-        maintenance = Maintenance(
+        maintenance = make_maintenance(
             topics,
             retention_hours=1,
             topic_retention_hours={"keep": 5, "big": 5},
             retention_size_bytes=3 * 4096 + 4 * 1024 * 1024,  # index page + 3 data pages
-            cleanup_interval_s=3600,
             flush_interval_ms=1,
-            topic_flush_intervals_ms={},
-            tick_s=1,
             clock_ms=lambda: now[0],
         )
         maintenance.run_once(force_cleanup=True)

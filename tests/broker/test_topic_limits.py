@@ -21,10 +21,10 @@ import pytest
 from idl import luxun_thrift as T
 from luxun.config import BrokerConfig, ConfigError
 from luxun.metrics import Metrics
-from luxun.retention import Maintenance
 from luxun.thrift.service import QueueHandler
 from luxun.topics import QueueSnapshot, TopicManager
 from tests._broker import PASSWORD
+from tests._retention import make_maintenance
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -324,15 +324,9 @@ def test_retention_reaches_topics_that_are_not_open(tmp_path: Path) -> None:
         view = next(v for v in topics.views() if v.name == "old")
         assert isinstance(view.queue, QueueSnapshot) and view.queue.size() == 10
         later = view.queue.oldest_ms() + 2 * 3_600_000
-        maintenance = Maintenance(
+        maintenance = make_maintenance(
             topics,
             retention_hours=1,
-            topic_retention_hours={},
-            retention_size_bytes=-1,
-            cleanup_interval_s=3600,
-            flush_interval_ms=-1,
-            topic_flush_intervals_ms={},
-            tick_s=1,
             clock_ms=lambda: later,
         )
         maintenance.run_once(force_cleanup=True)

@@ -221,8 +221,8 @@ def test_retention_set_at_run_time_applies_at_the_next_pass(tmp_path: Path) -> N
     from bigarray.prefetch import PREFETCHER
     from luxun.dynamic import DynamicBrokerConfigs
     from luxun.kafka.log import KafkaLog
-    from luxun.retention import Maintenance
     from luxun.topics import TopicManager
+    from tests._retention import make_maintenance
 
     now = [0]
     topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=4096)
@@ -235,15 +235,8 @@ def test_retention_set_at_run_time_applies_at_the_next_pass(tmp_path: Path) -> N
                 assert kafka.produce(topic, 0, record_batch([b"v"])).error == 0
         now[0] = topics.open("a").queue.timestamp(2) + 2 * 3_600_000
         assert PREFETCHER.wait_idle(60)
-        maintenance = Maintenance(
+        maintenance = make_maintenance(
             topics,
-            retention_hours=168,
-            topic_retention_hours={},
-            retention_size_bytes=-1,
-            cleanup_interval_s=3600,
-            flush_interval_ms=-1,
-            topic_flush_intervals_ms={},
-            tick_s=1,
             clock_ms=lambda: now[0],
             topic_overrides=kafka.retention_overrides,
             broker_overrides=dynamic.retention,
@@ -282,8 +275,8 @@ def test_a_topics_flush_ms_sets_its_partitions_flush_interval(tmp_path: Path) ->
     interval in the next maintenance passes, where the broker's interval (never, here)
     flushes nothing; Kafka's default, the largest long, leaves the broker's."""
     from luxun.kafka.log import KafkaLog
-    from luxun.retention import Maintenance
     from luxun.topics import TopicManager
+    from tests._retention import make_maintenance
 
     topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=4096)
     try:
@@ -293,15 +286,8 @@ def test_a_topics_flush_ms_sets_its_partitions_flush_interval(tmp_path: Path) ->
         assert kafka.alter_configs("flushed", lambda now: [("flush.ms", "1")]) == (0, None)
         assert kafka.alter_configs("plain", lambda now: [("flush.ms", str((1 << 63) - 1))]) == (0, None)
         assert (kafka.flush_override("flushed~1"), kafka.flush_override("plain")) == (1, None)
-        maintenance = Maintenance(
+        maintenance = make_maintenance(
             topics,
-            retention_hours=168,
-            topic_retention_hours={},
-            retention_size_bytes=-1,
-            cleanup_interval_s=3600,
-            flush_interval_ms=-1,
-            topic_flush_intervals_ms={},
-            tick_s=1,
             flush_overrides=kafka.flush_override,
         )
         for name in ("flushed", "flushed~1", "plain"):

@@ -386,8 +386,8 @@ def test_retention_given_at_creation_is_honoured(tmp_path: Path) -> None:
     keeps the broker's. Before, both were accepted and ignored."""
     from bigarray.prefetch import PREFETCHER
     from luxun.kafka.log import KafkaLog
-    from luxun.retention import Maintenance
     from luxun.topics import TopicManager
+    from tests._retention import make_maintenance
 
     from ._kafka import record_batch
 
@@ -405,15 +405,8 @@ def test_retention_given_at_creation_is_honoured(tmp_path: Path) -> None:
                     assert kafka.produce(topic, p, record_batch([b"v" * 100])).error == 0
         now[0] = topics.open("short~1").queue.timestamp(4) + 2 * 3_600_000  # two hours after the last
         assert PREFETCHER.wait_idle(60)
-        maintenance = Maintenance(
+        maintenance = make_maintenance(
             topics,
-            retention_hours=168,
-            topic_retention_hours={},
-            retention_size_bytes=-1,
-            cleanup_interval_s=3600,
-            flush_interval_ms=-1,
-            topic_flush_intervals_ms={},
-            tick_s=1,
             clock_ms=lambda: now[0],
             topic_overrides=kafka.retention_overrides,
         )
