@@ -68,6 +68,7 @@ __all__ = [
     "PatternType",
     "Permission",
     "ResourceType",
+    "allows",
     "edit_acl_file",
     "parse_acls",
     "read_acl_file",
@@ -160,6 +161,13 @@ _IMPLIED_BY: Final[dict[Operation, frozenset[Operation]]] = {
     _O.DESCRIBE: frozenset({_O.DESCRIBE, _O.READ, _O.WRITE, _O.DELETE, _O.ALTER, _O.ALL}),
     _O.DESCRIBE_CONFIGS: frozenset({_O.DESCRIBE_CONFIGS, _O.ALTER_CONFIGS, _O.ALL}),
 }
+
+
+def allows(authorizer: Authorizer | None, session: Any, op: Operation, rtype: ResourceType, name: str) -> bool:
+    """The one check every door-level caller makes: whether ``session`` may do ``op`` on
+    the resource; always with no authorizer (SASL off, no ``authorizer.class.name``) or
+    no session."""
+    return session is None or authorizer is None or authorizer.authorize(session, op, rtype, name)
 
 
 def supported_operations(resource_type: ResourceType) -> tuple[Operation, ...]:

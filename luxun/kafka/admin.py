@@ -27,7 +27,7 @@ from typing import Any, Final
 from ..dynamic import DynamicBrokerConfigs
 from ..metrics import Metrics
 from . import protocol as P
-from .acls import CLUSTER_NAME, Authorizer, Operation, ResourceType
+from .acls import CLUSTER_NAME, Authorizer, Operation, ResourceType, allows
 from .log import INVALID_CONFIG, KAFKA_STORAGE_ERROR, NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, TopicInfo
 from .sasl import SaslSession
 from .topic_configs import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigProblem, altered, check_broker_configs
@@ -76,10 +76,9 @@ class KafkaAdmin:
 
     def refused(self, session: SaslSession | None, op: Operation, rtype: ResourceType, name: str) -> str | None:
         """Why ``session``'s user may not do ``op`` on the resource (None: it may)."""
-        acls = self.acls
-        if session is None or acls is None or acls.authorize(session, op, rtype, name):
+        if allows(self.acls, session, op, rtype, name):
             return None
-        user = session.user.name if session.user is not None else "?"
+        user = session.user.name if session is not None and session.user is not None else "?"
         return f"user {user!r} has no {op.name} ACL on {rtype.name} {name!r}"
 
     def _response(self, header: P.RequestHeader, **values: Any) -> Any:

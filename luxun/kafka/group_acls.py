@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Final
 
-from .acls import ALL_OPERATIONS, CLUSTER_NAME, NO_AUTHORIZED_OPERATIONS, Authorizer, Operation, ResourceType
+from .acls import ALL_OPERATIONS, CLUSTER_NAME, NO_AUTHORIZED_OPERATIONS, Authorizer, Operation, ResourceType, allows
 from .protocol import build, response_schema
 from .sasl import SaslSession
 
@@ -83,7 +83,7 @@ class GroupAcls:
         return build(response_schema(key, version), **values)
 
     def _may(self, session: SaslSession | None, op: Operation, rtype: ResourceType, name: str) -> bool:
-        return session is None or self.authorizer is None or self.authorizer.authorize(session, op, rtype, name)
+        return allows(self.authorizer, session, op, rtype, name)
 
     def _answer(self, key: int, version: int, request: Any, session: SaslSession | None,
                 kw: dict[str, Any]) -> dict[str, Any]:  # fmt: skip

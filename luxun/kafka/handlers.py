@@ -51,7 +51,7 @@ from ..metrics import Metrics
 from ..net import DEFAULT_MAX_BUFFERED_BYTES, OutputBudget
 from . import protocol as P
 from .acl_apis import SecurityApis
-from .acls import ALL_OPERATIONS, CLUSTER_NAME, NO_AUTHORIZED_OPERATIONS, Authorizer, Operation, ResourceType
+from .acls import ALL_OPERATIONS, CLUSTER_NAME, NO_AUTHORIZED_OPERATIONS, Authorizer, Operation, ResourceType, allows
 from .admin import KafkaAdmin
 from .group_acls import GroupAcls
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
@@ -317,8 +317,7 @@ class KafkaHandler:
     # -- ACL checks (SASL on only: with it off, self.acls is None and none is made) --------
     def _may(self, session: SaslSession | None, op: Operation, rtype: ResourceType, name: str) -> bool:
         """Whether ``session`` may do ``op`` on the resource (always with SASL off)."""
-        acls = self.acls
-        return session is None or acls is None or acls.authorize(session, op, rtype, name)
+        return allows(self.acls, session, op, rtype, name)
 
     def _operations(self, session: SaslSession | None, rtype: ResourceType, name: str, asked: bool) -> int:
         """KIP-430's authorized operations, or the marker of "not asked"."""

@@ -72,7 +72,7 @@ from ..config import (
     DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS,
 )
 from ..partitions import partition_of, partition_topic
-from .acls import Authorizer, Operation, ResourceType
+from .acls import Authorizer, Operation, ResourceType, allows
 from .log import KafkaLog
 from .membership import ms_of
 from .offsets import OffsetStore
@@ -411,8 +411,7 @@ class TransactionCoordinator:
 
     def _may(self, session: Any, op: Operation, rtype: ResourceType, name: str) -> bool:
         """Whether ``session`` may do ``op`` on the resource (SASL off: always)."""
-        acls = self.acls
-        return session is None or acls is None or acls.authorize(session, op, rtype, name)
+        return allows(self.acls, session, op, rtype, name)
 
     def _init_producer_id(self, request: Any, version: int, session: Any) -> dict[str, Any]:
         tid = request.transactional_id

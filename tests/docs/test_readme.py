@@ -36,7 +36,7 @@ import pytest
 
 from clients.messages import decode_pack
 from idl import luxun_thrift as T
-from tests._broker import PASSWORD, BrokerProcess
+from tests._broker import PASSWORD, BrokerProcess, stop_process
 
 from .conftest import StartBroker
 
@@ -540,12 +540,7 @@ def test_agent_quickstart(brokers: StartBroker, tmp_path: Path) -> None:
         done = run_python(read, "", shows=1, replace={"127.0.0.1:9092": address(broker)}, timeout_s=BLOCK_TIMEOUT_S)
         assert done.stdout == '[b\'{"page": "/"}\']\n', done.stdout
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait()
+        stop_process(agent, signal.SIGTERM, 30)
 
 
 # --- Kafka clients ------------------------------------------------------------------------
