@@ -166,10 +166,12 @@ BUDGETS: dict[str, tuple[float, float]] = {
 }
 
 #: The brokers compared: ours, the Java Luxun build (--java), the empty-handler floors (--floor).
-FLOOR_SIDES = ("floor-raw", "floor-epoll", "floor-thriftpy2")
+FLOOR_SIDES = ("floor-raw", "floor-epoll", "floor-thriftpy2", "floor-c")
 #: The workloads run against the floors: one item per sync call (floor_responses: their replies),
 #: and oneway asyncProduce (the floor counts the calls it read per topic; getSize answers that count).
 FLOOR_WORKLOADS = ("produce", "async_produce", "group_single", "index_single")
+#: floor-c answers sync calls only (its getSize answers the prefill count: no oneway counts).
+FLOOR_C_WORKLOADS = ("produce", "group_single", "index_single")
 #: Our broker with busy polling off (--no-poll-side): what busy polling buys, and costs in CPU.
 NO_POLL_SIDE = "ours-nopoll"
 SIDE_TEXT = {
@@ -183,6 +185,9 @@ SIDE_TEXT = {
     "to send (no thread hand-offs)",
     "floor-thriftpy2": "floor: thriftpy2 TThreadedServer (Cython binary protocol, framed, TCP_NODELAY) whose "
     "handler returns a constant response per method; asyncProduce only counts per topic, getSize answers that count",
+    "floor-c": "floor: floor-raw's work in C (perf/floor_c.c, cc -O2): a thread per connection, blocking recv, "
+    "canned replies with the call's seqid; no interpreter at all, so what is left is the kernel's part of a call; "
+    "sync calls only",
 }
 #: Issue 33's rate target, ours / Java per cell (medians): every 1-connection cell >= 1.0x.
 RATIO_TARGETS = {1: 1.0}
@@ -744,6 +749,8 @@ def floor_main(kind: str, port: int, cpus: list[int] | None, item_size: int, top
         os.sched_setaffinity(0, cpus)
     responses = floor_responses(item_size)
     counts = OnewayCounts(topic_items)
+    if kind == "floor-c":
+        exec_floor_c(port, responses, counts)
     if kind in ("floor-raw", "floor-epoll"):
         replies = canned_replies(responses)
         with socket.create_server(("127.0.0.1", port)) as srv:
@@ -766,6 +773,41 @@ def floor_main(kind: str, port: int, cpus: list[int] | None, item_size: int, top
         itrans_factory=TCyFramedTransportFactory(),
         daemon=True,
     ).serve()
+
+
+FLOOR_C_SOURCE = Path(__file__).with_name("floor_c.c")
+
+
+def floor_c_binary() -> Path:
+    """perf/floor_c.c compiled (``cc -O2 -pthread``) into the temporary directory, once per source."""
+    import hashlib
+    import subprocess
+    import tempfile
+
+    digest = hashlib.sha256(FLOOR_C_SOURCE.read_bytes()).hexdigest()[:12]
+    binary = Path(tempfile.gettempdir()) / f"luxun-floor-c-{digest}"
+    if not binary.exists():
+        partial = binary.with_suffix(f".{os.getpid()}")
+        subprocess.run(["cc", "-O2", "-pthread", "-o", str(partial), str(FLOOR_C_SOURCE)], check=True)
+        partial.replace(binary)
+    return binary
+
+
+def exec_floor_c(port: int, responses: dict[str, Any], counts: OnewayCounts) -> None:
+    """Become floor-c (same pid: its CPU is read as any floor's): the canned replies, getSize's
+    with the prefill count and UNKNOWN_METHOD's for the rest, written where it reads them."""
+    binary = floor_c_binary()
+    replies = canned_replies(responses)
+    replies[b"getSize"] = split_at_seqid(
+        thrift_frame("getSize", TMessageType.REPLY, QueueService.getSize_result(success=counts.get_size("")))
+    )
+    replies[b""] = unknown_method_reply(b"(not canned)")
+    path = binary.with_name(f"{binary.name}-replies-{os.getpid()}")
+    with open(path, "wb") as f:
+        for name, (head, tail) in replies.items():
+            for part in (name, head, tail):
+                f.write(len(part).to_bytes(4, "big") + part)
+    os.execv(binary, [str(binary), str(port), str(path)])
 
 
 @contextlib.contextmanager
@@ -1607,7 +1649,8 @@ def main(argv: list[str] | None = None) -> int:
     brokers: list[dict[str, Any]] = []
     tag = f"bench-{secrets.token_hex(3)}"
     for sizes, side in blocks:
-        workloads = [w for w in args.workloads if w in FLOOR_WORKLOADS] if side in FLOOR_SIDES else args.workloads
+        served = FLOOR_C_WORKLOADS if side == "floor-c" else FLOOR_WORKLOADS
+        workloads = [w for w in args.workloads if w in served] if side in FLOOR_SIDES else args.workloads
         if not workloads:
             continue
         with side_broker(side, args, broker_cpus, sizes) as broker:
