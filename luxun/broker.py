@@ -228,6 +228,7 @@ class Broker:
                 busy_poll_us=config.busy_poll_us,
             )
             self.handler.await_earlier_input = self.server.await_earlier_input
+            log.info("Thrift door: %s", self.server.loop_text)
             self.kafka_server: KafkaServer | None = None
             if config.kafka_port:
                 self.kafka_server = self._kafka_door(config)

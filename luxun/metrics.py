@@ -117,6 +117,12 @@ _SERVER_FAMILIES: Final = (
         "Busy polls that got the next call before they gave up.",
         "busy_poll_hits",
     ),
+    (
+        "luxun_compiled_loop_calls_total",
+        "counter",
+        "Thrift calls (produce, one-item consume) answered by the compiled loop (luxun._netloop).",
+        "compiled_loop_calls",
+    ),
 )
 
 
@@ -140,6 +146,8 @@ class Metrics:
         #: times the call came while it polled.
         self.busy_polls = 0
         self.busy_poll_hits = 0
+        #: Calls answered by the compiled loop (luxun._netloop, through luxun.thrift.server).
+        self.compiled_loop_calls = 0
         self.started = time.time()
         #: Kafka port: requests by (API key, version) and error codes answered.
         self.kafka_requests: dict[tuple[int, int], int] = {}

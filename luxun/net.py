@@ -50,6 +50,7 @@ import bisect
 import collections
 import contextlib
 import errno
+import importlib
 import itertools
 import logging
 import mmap
@@ -64,12 +65,19 @@ from typing import Any
 from .logs import RateLimitedLog
 from .metrics import Metrics
 
+#: luxun._netloop (luxun/_netloop.c), the compiled parts of a connection's loop; None where
+#: it was not built (no C compiler at install): every loop is then Python.
+NETLOOP: Any = None
+with contextlib.suppress(ImportError):  # by name: import-linter sees no .py for it (it would take the package)
+    NETLOOP = importlib.import_module("luxun._netloop")
+
 __all__ = [
     "DEFAULT_BUDGET_WAIT_S",
     "DEFAULT_MAX_BUFFERED_BYTES",
     "INITIAL_BUFFER",
     "IOV_MAX",
     "KEEP_BUFFER",
+    "NETLOOP",
     "READ_BUFFER",
     "RECEIVING",
     "BigFrame",
@@ -126,6 +134,8 @@ class _Receiving:
         if self.ident != me:
             self.ident = me
             self.since = time.monotonic()
+            if NETLOOP is not None:  # the compiled loop's busy polls read it there
+                NETLOOP.note(me)
 
 
 #: Process-wide: the Thrift and the Kafka door share one interpreter.

@@ -38,6 +38,19 @@ to back it waits in ``recv`` once, letting any other thread (a woken long poll, 
 maintenance) in. The cost: up to one core while a lone client calls back to back,
 nothing when idle.
 
+The compiled loop: where ``luxun._netloop`` is built (the README's set-up builds it; a
+machine without a C compiler gets the Python loop alone), a connection that holds no input
+waits, receives and answers in C (luxun/_netloop.c): a frame that is exactly one
+``produce`` in the canonical layout, or one ``consume`` that ``consume_single`` serves at
+once, gets its reply written and sent there, the handler called with the interpreter
+(``produce_item``, ``consume_single``), and busy polling done with the interpreter
+released; anything else (other calls, several frames or part of one in a read, errors
+answered by the generic path) is handed back to this Python loop, which serves it exactly
+as before. Replies are byte for byte those of the Python loop (tests/broker/test_compiled_loop.py
+compares the two; ``LUXUN_PURE_PYTHON=1`` turns the compiled loop off). Why: a small sync
+call cost our broker 43-50 us of CPU (busy polling off), of which a server with no
+interpreter at all needs about 26 (perf/bench_broker.py's ``floor-c``), Java Luxun 30-35.
+
 Order across connections (``tracks_input``): a connection waits for bytes with ``poll``
 and takes them from the kernel only once marked as holding input (:class:`~luxun.net.ConnInput`),
 and is idle again once every complete call it took is handled, or while it handles a
@@ -50,7 +63,9 @@ Thread-safety: ``start``/``stop`` from the main thread; connections run in their
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import socket
 import struct
 import threading
@@ -69,6 +84,7 @@ from ..logs import RateLimitedLog
 from ..net import (
     INITIAL_BUFFER,
     KEEP_BUFFER,
+    NETLOOP,
     READ_BUFFER,
     RECEIVING,
     BigFrame,
@@ -93,6 +109,11 @@ from .wire import (
     produce_reply_frame,
     required_fields,
 )
+
+_serve_compiled: Any = NETLOOP.serve if NETLOOP is not None else None
+
+#: LUXUN_PURE_PYTHON=1 in the environment: the Python loop serves every call (tests run both).
+COMPILED_LOOP = _serve_compiled is not None and os.environ.get("LUXUN_PURE_PYTHON", "") in ("", "0")
 
 log = logging.getLogger(__name__)
 #: Lines a client or a bad environment can repeat, keyed by kind (never by peer).
@@ -189,6 +210,7 @@ class ThriftServer(TcpServer):
         **options: Any,
     ) -> None:
         self.busy_poll_us = busy_poll_us
+        self.compiled_loop = COMPILED_LOOP
         self._processor = TProcessor(service, handler)
         self._handler = handler
         # Per method: args class, result class, oneway, argument names, required fields.
@@ -209,6 +231,14 @@ class ThriftServer(TcpServer):
         # The produce fast path, when the handler has the batch-aware entry points.
         self._fast_produce = hasattr(handler, "produce_item") and hasattr(handler, "async_produce_many")
         super().__init__(host, port, **options)
+
+    @property
+    def loop_text(self) -> str:
+        """Which loop serves the small sync calls, for the broker's start-up line."""
+        if self.compiled_loop:
+            return "small sync calls served by the compiled loop (luxun._netloop)"
+        why = "LUXUN_PURE_PYTHON is set" if _serve_compiled is not None else "luxun._netloop is not built"
+        return f"every call served by the Python loop ({why})"
 
     def _read_frames(self, sock: socket.socket, peer: Any) -> None:
         """Read and handle frames until the peer closes, a frame is refused, or the
@@ -236,6 +266,16 @@ class ThriftServer(TcpServer):
         budget = self._budget
         me = threading.get_ident()
         conn = self.input_of(sock)  # where this connection's input stands (ConnInput)
+        # The compiled loop (_fast.serve), for a connection it can serve: a socket whose
+        # input is tracked, with the produce and one-item consume fast paths.
+        fast = (
+            _serve_compiled
+            if conn.poller is not None and fast_produce and consume_single is not None and self.compiled_loop
+            else None
+        )
+        fd = sock.fileno() if fast is not None else -1
+        note = functools.partial(RECEIVING.note, me)
+        produce_item = handler.produce_item if fast_produce else None
         batch = AsyncProduceBatch(handler)
         poll_s = self.busy_poll_us / 1e6
         receiving = RECEIVING
@@ -389,9 +429,15 @@ class ThriftServer(TcpServer):
                                 conn.idle()
                 if n < 0:
                     polled_since = 0.0
-                    conn.wait_readable()
-                    conn.hold()
-                    n = sock.recv_into(view[end:])
+                    if fast is not None and start == end and frames is buf:
+                        # Nothing held: the compiled loop waits, receives and serves the
+                        # small sync calls until bytes it leaves to this loop come.
+                        n = fast(fd, buf, me, self.busy_poll_us, conn.hold, conn.idle, note, metrics,
+                                 produce_item, produce_reply_frame, consume_single)  # fmt: skip
+                    else:
+                        conn.wait_readable()
+                        conn.hold()
+                        n = sock.recv_into(view[end:])
             answered = False
             receiving.note(me)
             if n == 0:

@@ -1,0 +1,473 @@
+/* luxun._netloop: the compiled parts of a connection's loop.
+ *
+ * note(ident): the thread that received bytes last (luxun.net's RECEIVING mirrors each
+ * change here, so that a busy poll, which runs without the interpreter, sees it).
+ *
+ * serve(fd, buf, me, poll_us, hold, idle, note, metrics, produce_item, produce_reply,
+ *       consume_single) -> int
+ *
+ * The Thrift door's small sync calls without the interpreter's loop. A connection
+ * thread (``me``: its threading.get_ident()) calls it when it holds no input
+ * (luxun.thrift.server, "The compiled loop"). It waits for bytes with poll() and takes
+ * them with recv() with the interpreter released, calling hold() between the two and
+ * note() after (ConnInput's rules: bytes leave the kernel only while the connection
+ * holds). After a reply under 256 KiB it busy polls as the Python loop does (``poll_us``
+ * > 0; the same rules: only a connection that has been the only one receiving for 50 ms,
+ * runs of polls of at most 2 ms; counted in ``metrics.busy_polls`` and
+ * ``metrics.busy_poll_hits``), with the interpreter released, and stops as soon as
+ * another thread notes that it received bytes. Each call it answers is counted in
+ * ``metrics.compiled_loop_calls``. When what came is exactly one call
+ * frame, a `produce` or a one-item `consume` in the canonical layout (the layouts of
+ * luxun.thrift.wire.parse_produce_call and parse_consume_call), it calls the handler with
+ * the interpreter (produce_item(topic, item) -> (Result, index); consume_single(fields)
+ * -> (item, lastConsumedIndex) or None), writes the reply itself (the bytes of
+ * wire.produce_reply_frame / wire.consume_one_reply_frame; produce_reply(seqid, result,
+ * index) writes a produce reply other than a success), sends it with the interpreter
+ * released, calls idle(), and waits again. Anything else (another call, several frames,
+ * part of one, a consume that consume_single leaves alone) is left in buf: it returns
+ * how many bytes it received there (the connection still holding), and the Python loop
+ * handles them. 0: the peer closed (or the server shut the socket down). OSError on a
+ * failed poll, recv or send.
+ *
+ * Why: on this 2-core VM a sync call costs a thread-per-connection server about 26 us of
+ * CPU in the kernel alone (perf/bench_broker.py's floor-c), a Python one 34-37 us
+ * (floor-raw); ours spent 43-50 us, Java Luxun 30-35 (see perf/README.md).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+
+/* Busy polling's rules: luxun.thrift.server's _BUSY_POLL_QUIET_S, _BUSY_POLL_RUN_S,
+ * _BUSY_POLL_REPLY_MAX. */
+#define QUIET_NS 50000000LL
+#define RUN_NS 2000000LL
+#define POLL_REPLY_MAX (256 * 1024)
+
+/* The thread that received bytes last, and since when (CLOCK_MONOTONIC ns): written by
+ * note() with the interpreter held, read by busy polls without it. */
+static unsigned long g_ident;
+static long long g_since;
+
+static long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static const unsigned char CALL_HEAD[4] = {0x80, 0x01, 0x00, 0x01};
+static const unsigned char PRODUCE_NAME[11] = {0, 0, 0, 7, 'p', 'r', 'o', 'd', 'u', 'c', 'e'};
+static const unsigned char CONSUME_NAME[11] = {0, 0, 0, 7, 'c', 'o', 'n', 's', 'u', 'm', 'e'};
+static const unsigned char ARGS_ITEM[6] = {0x0c, 0, 1, 0x0b, 0, 1};
+static const unsigned char ARGS_STRUCT[3] = {0x0c, 0, 1};
+static const unsigned char TOPIC_FIELD[3] = {0x0b, 0, 2};
+
+static PyObject *s_resultCode, *s_errorCode, *s_errorMessage, *s_busy_polls, *s_busy_poll_hits, *s_calls;
+static PyObject *k_fields[6]; /* ConsumeRequest's attribute names by field id (1-5) */
+
+static int32_t get_i32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
+}
+
+static int64_t get_i64(const unsigned char *p) {
+    return (int64_t)(((uint64_t)(uint32_t)get_i32(p) << 32) | (uint32_t)get_i32(p + 4));
+}
+
+static void put_i32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void put_i64(unsigned char *p, int64_t v) {
+    put_i32(p, (uint32_t)((uint64_t)v >> 32));
+    put_i32(p + 4, (uint32_t)(uint64_t)v);
+}
+
+/* Send every byte of iov[0..n) with the interpreter released: 0, or -1 with errno set. */
+static int send_all(int fd, struct iovec *iov, int n) {
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (n > 0) {
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)n;
+        ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            rc = -1;
+            break;
+        }
+        while (n > 0 && (size_t)k >= iov->iov_len) {
+            k -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + k;
+            iov->iov_len -= (size_t)k;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
+static int call0(PyObject *fn) {
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* One produce frame body [p, p+n): 1 handled (reply sent), 0 not canonical, -1 error. */
+static int serve_produce(int fd, const unsigned char *p, Py_ssize_t n, PyObject *produce_item,
+                         PyObject *produce_reply) {
+    /* head 4 | name 11 | seqid 4 | ARGS_ITEM 6 | item length 4 | item | TOPIC 3 | length 4 | topic | 0 0 */
+    if (n < 4 + 11 + 4 + 6 + 4 + 3 + 4 + 2 || memcmp(p, CALL_HEAD, 4) || memcmp(p + 4, PRODUCE_NAME, 11) ||
+        memcmp(p + 19, ARGS_ITEM, 6))
+        return 0;
+    int32_t seqid = get_i32(p + 15);
+    int32_t item_len = get_i32(p + 25);
+    if (item_len < 0 || 29 + (Py_ssize_t)item_len + 7 + 2 > n) return 0;
+    const unsigned char *t = p + 29 + item_len;
+    int32_t topic_len = get_i32(t + 3);
+    if (memcmp(t, TOPIC_FIELD, 3) || topic_len < 0 || 29 + (Py_ssize_t)item_len + 7 + topic_len + 2 != n ||
+        p[n - 2] || p[n - 1])
+        return 0;
+    PyObject *topic = PyUnicode_DecodeUTF8((const char *)t + 7, topic_len, NULL);
+    if (topic == NULL) {
+        PyErr_Clear(); /* not UTF-8: the generic path answers it */
+        return 0;
+    }
+    PyObject *item = PyBytes_FromStringAndSize((const char *)p + 29, item_len);
+    if (item == NULL) {
+        Py_DECREF(topic);
+        return -1;
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(produce_item, topic, item, NULL);
+    Py_DECREF(topic);
+    Py_DECREF(item);
+    if (r == NULL) return -1;
+    PyObject *result, *index, *reply = NULL;
+    Py_buffer view;
+    view.obj = NULL;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+        Py_DECREF(r);
+        PyErr_SetString(PyExc_TypeError, "produce_item must return (Result, index)");
+        return -1;
+    }
+    result = PyTuple_GET_ITEM(r, 0);
+    index = PyTuple_GET_ITEM(r, 1);
+    int ok = 0;
+    PyObject *code = PyObject_GetAttr(result, s_resultCode);
+    if (code == NULL) goto fail;
+    if (PyLong_Check(code) && PyLong_AsLong(code) == 0) {
+        PyObject *e = PyObject_GetAttr(result, s_errorCode);
+        PyObject *m = e == NULL ? NULL : PyObject_GetAttr(result, s_errorMessage);
+        ok = e == Py_None && m == Py_None;
+        Py_XDECREF(e);
+        Py_XDECREF(m);
+        if (m == NULL) {
+            Py_DECREF(code);
+            goto fail;
+        }
+    }
+    Py_DECREF(code);
+    unsigned char out[4 + 4 + 11 + 4 + 6 + 8 + 3 + 8 + 2];
+    struct iovec iov[1];
+    if (ok) {
+        long long i = PyLong_AsLongLong(index);
+        if (i == -1 && PyErr_Occurred()) goto fail;
+        unsigned char *o = out;
+        put_i32(o, sizeof out - 4);
+        memcpy(o + 4, "\x80\x01\x00\x02", 4);
+        memcpy(o + 8, PRODUCE_NAME, 11);
+        put_i32(o + 19, (uint32_t)seqid);
+        memcpy(o + 23, "\x0c\x00\x00\x0c\x00\x01", 6);
+        memcpy(o + 29, "\x08\x00\x01\x00\x00\x00\x00\x00", 8);
+        memcpy(o + 37, "\x0a\x00\x02", 3);
+        put_i64(o + 40, i);
+        o[48] = o[49] = 0;
+        iov[0].iov_base = out;
+        iov[0].iov_len = sizeof out;
+    } else {
+        PyObject *s = PyLong_FromLong(seqid);
+        if (s == NULL) goto fail;
+        reply = PyObject_CallFunctionObjArgs(produce_reply, s, result, index, NULL);
+        Py_DECREF(s);
+        if (reply == NULL || PyObject_GetBuffer(reply, &view, PyBUF_SIMPLE) < 0) goto fail;
+        iov[0].iov_base = view.buf;
+        iov[0].iov_len = (size_t)view.len;
+    }
+    Py_DECREF(r);
+    r = NULL;
+    int rc = send_all(fd, iov, 1);  /* a produce reply is small: busy polling may follow */
+    if (view.obj != NULL) PyBuffer_Release(&view);
+    Py_XDECREF(reply);
+    if (rc < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return 1;
+fail:
+    Py_XDECREF(r);
+    Py_XDECREF(reply);
+    return -1;
+}
+
+/* One consume frame body: 1 handled, 0 not (canonical and single, and served at once), -1 error. */
+static int serve_consume(int fd, const unsigned char *p, Py_ssize_t n, PyObject *consume_single) {
+    if (n < 4 + 11 + 4 + 3 + 2 || memcmp(p, CALL_HEAD, 4) || memcmp(p + 4, CONSUME_NAME, 11) ||
+        memcmp(p + 19, ARGS_STRUCT, 3))
+        return 0;
+    int32_t seqid = get_i32(p + 15);
+    Py_ssize_t pos = 22;
+    int last_id = 0, has_topic = 0;
+    PyObject *fields = PyDict_New();
+    if (fields == NULL) return -1;
+    for (;;) {
+        if (pos >= n) goto no;
+        unsigned char type = p[pos];
+        if (type == 0) {
+            if (pos + 2 != n || p[pos + 1] || !has_topic) goto no;
+            break;
+        }
+        if (pos + 3 > n) goto no;
+        int id = (p[pos + 1] << 8) | p[pos + 2];
+        pos += 3;
+        /* 1 topic, 2 fanoutId: string; 3 startIndex: i64; 4 maxFetchSize, 5 maxWaitMs: i32 */
+        static const unsigned char types[6] = {0, 11, 11, 10, 8, 8};
+        if (id <= last_id || id > 5 || types[id] != type) goto no;
+        last_id = id;
+        PyObject *value;
+        if (type == 11) {
+            if (pos + 4 > n) goto no;
+            int32_t len = get_i32(p + pos);
+            pos += 4;
+            if (len < 0 || pos + len > n) goto no;
+            value = PyUnicode_DecodeUTF8((const char *)p + pos, len, NULL);
+            if (value == NULL) {
+                PyErr_Clear();
+                goto no;
+            }
+            pos += len;
+            has_topic |= id == 1;
+        } else if (type == 10) {
+            if (pos + 8 > n) goto no;
+            value = PyLong_FromLongLong(get_i64(p + pos));
+            pos += 8;
+        } else {
+            if (pos + 4 > n) goto no;
+            value = PyLong_FromLong(get_i32(p + pos));
+            pos += 4;
+        }
+        if (value == NULL || PyDict_SetItem(fields, k_fields[id], value) < 0) {
+            Py_XDECREF(value);
+            Py_DECREF(fields);
+            return -1;
+        }
+        Py_DECREF(value);
+    }
+    PyObject *one = PyObject_CallOneArg(consume_single, fields);
+    Py_DECREF(fields);
+    if (one == NULL) return -1;
+    if (one == Py_None) {
+        Py_DECREF(one);
+        return 0;
+    }
+    if (!PyTuple_Check(one) || PyTuple_GET_SIZE(one) != 2) {
+        Py_DECREF(one);
+        PyErr_SetString(PyExc_TypeError, "consume_single must return (item, lastConsumedIndex) or None");
+        return -1;
+    }
+    long long last = PyLong_AsLongLong(PyTuple_GET_ITEM(one, 1));
+    Py_buffer item;
+    if ((last == -1 && PyErr_Occurred()) || PyObject_GetBuffer(PyTuple_GET_ITEM(one, 0), &item, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(one);
+        return -1;
+    }
+    /* length | REPLY | "consume" | seqid | success { Result { 1: i32 0 } STOP, 2: list<binary> [1] | item length */
+    unsigned char head[4 + 4 + 11 + 4 + 22 + 4], tail[13];
+    put_i32(head, (uint32_t)(sizeof head - 4 + item.len + sizeof tail));
+    memcpy(head + 4, "\x80\x01\x00\x02", 4);
+    memcpy(head + 8, CONSUME_NAME, 11);
+    put_i32(head + 19, (uint32_t)seqid);
+    memcpy(head + 23, "\x0c\x00\x00\x0c\x00\x01\x08\x00\x01\x00\x00\x00\x00\x00\x0f\x00\x02\x0b\x00\x00\x00\x01", 22);
+    put_i32(head + 45, (uint32_t)item.len);
+    memcpy(tail, "\x0a\x00\x03", 3); /* 3: i64 lastConsumedIndex, STOP, STOP */
+    put_i64(tail + 3, last);
+    tail[11] = tail[12] = 0;
+    struct iovec iov[3] = {{head, sizeof head}, {item.buf, (size_t)item.len}, {tail, sizeof tail}};
+    int rc = send_all(fd, iov, 3);
+    int small = item.len < POLL_REPLY_MAX;
+    PyBuffer_Release(&item);
+    Py_DECREF(one);
+    if (rc < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return small ? 1 : 2;
+no:
+    Py_DECREF(fields);
+    return 0;
+}
+
+static int add_to(PyObject *obj, PyObject *name, long n) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    PyObject *one = PyLong_FromLong(n);
+    PyObject *sum = one == NULL ? NULL : PyNumber_Add(v, one);
+    Py_DECREF(v);
+    Py_XDECREF(one);
+    if (sum == NULL) return -1;
+    int rc = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* Poll fd without sleeping for up to poll_ns, or until another thread notes input:
+ * bytes received into b (0: closed), -1 none came, -2 an error (errno). */
+static ssize_t busy_poll(int fd, unsigned char *b, size_t len, unsigned long me, long long poll_ns) {
+    ssize_t k;
+    Py_BEGIN_ALLOW_THREADS
+    long long deadline = mono_ns() + poll_ns;
+    for (;;) {
+        k = recv(fd, b, len, MSG_DONTWAIT);
+        if (k >= 0) break;
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            k = -2;
+            break;
+        }
+        if (__atomic_load_n(&g_ident, __ATOMIC_RELAXED) != me || mono_ns() > deadline) {
+            k = -1;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return k;
+}
+
+static PyObject *serve(PyObject *self, PyObject *args) {
+    (void)self;
+    int fd;
+    unsigned long me;
+    long poll_us;
+    PyObject *bufobj, *hold, *idle, *note, *metrics, *produce_item, *produce_reply, *consume_single;
+    if (!PyArg_ParseTuple(args, "iOklOOOOOOO:serve", &fd, &bufobj, &me, &poll_us, &hold, &idle, &note, &metrics,
+                          &produce_item, &produce_reply, &consume_single))
+        return NULL;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(bufobj, &buf, PyBUF_WRITABLE) < 0) return NULL;
+    unsigned char *b = buf.buf;
+    Py_ssize_t got = -1;
+    long long poll_ns = (long long)poll_us * 1000, polled_since = 0;
+    int answered = 0;
+    for (;;) {
+        ssize_t n = -1;
+        if (poll_ns > 0 && answered && g_ident == me) {
+            long long now = mono_ns();
+            if (now - g_since > QUIET_NS) {
+                if (!polled_since) polled_since = now;
+                if (now - polled_since < RUN_NS) {
+                    if (call0(hold) < 0) break;
+                    n = busy_poll(fd, b, (size_t)buf.len, me, poll_ns);
+                    if (n == -2) {
+                        PyErr_SetFromErrno(PyExc_OSError);
+                        break;
+                    }
+                    if (add_to(metrics, s_busy_polls, 1) < 0 || add_to(metrics, s_busy_poll_hits, n >= 0) < 0) break;
+                    if (n < 0 && call0(idle) < 0) break;
+                }
+            }
+        }
+        if (n < 0) {
+            polled_since = 0;
+            struct pollfd pfd = {fd, POLLIN, 0};
+            int prc;
+            Py_BEGIN_ALLOW_THREADS
+            do {
+                prc = poll(&pfd, 1, -1);
+            } while (prc < 0 && errno == EINTR);
+            Py_END_ALLOW_THREADS
+            if (prc < 0) {
+                PyErr_SetFromErrno(PyExc_OSError);
+                break;
+            }
+            if (call0(hold) < 0) break;
+            Py_BEGIN_ALLOW_THREADS
+            do {
+                n = recv(fd, b, (size_t)buf.len, 0);
+            } while (n < 0 && errno == EINTR);
+            Py_END_ALLOW_THREADS
+            if (n < 0) {
+                PyErr_SetFromErrno(PyExc_OSError);
+                break;
+            }
+        }
+        answered = 0;
+        if (call0(note) < 0) break;
+        if (n < 8 || get_i32(b) != n - 4) { /* closed, or not exactly one frame */
+            got = n;
+            break;
+        }
+        int handled = b[11] == 7 && b[12] == 'p'   ? serve_produce(fd, b + 4, n - 4, produce_item, produce_reply)
+                      : b[11] == 7 && b[12] == 'c' ? serve_consume(fd, b + 4, n - 4, consume_single)
+                                                   : 0;
+        if (handled < 0) break;
+        if (handled == 0) {
+            got = n;
+            break;
+        }
+        answered = handled == 1; /* a small reply: its client calls again soon */
+        if (add_to(metrics, s_calls, 1) < 0 || call0(idle) < 0) break;
+    }
+    PyBuffer_Release(&buf);
+    if (got < 0) return NULL;
+    return PyLong_FromSsize_t(got);
+}
+
+static PyObject *note(PyObject *self, PyObject *arg) {
+    (void)self;
+    unsigned long ident = PyLong_AsUnsignedLong(arg);
+    if (ident == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    if (g_ident != ident) {
+        g_since = mono_ns();
+        __atomic_store_n(&g_ident, ident, __ATOMIC_RELAXED);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"serve", serve, METH_VARARGS,
+     "serve(fd, buf, me, poll_us, hold, idle, note, metrics, produce_item, produce_reply, consume_single) -> "
+     "bytes received and left in buf (0: closed)"},
+    {"note", note, METH_O, "note(ident): the thread that received bytes last"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "luxun._netloop", "The compiled parts of a connection's loop (see _netloop.c).", -1, methods,
+    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__netloop(void) {
+    static const char *names[6] = {NULL, "topic", "fanoutId", "startIndex", "maxFetchSize", "maxWaitMs"};
+    s_resultCode = PyUnicode_InternFromString("resultCode");
+    s_errorCode = PyUnicode_InternFromString("errorCode");
+    s_errorMessage = PyUnicode_InternFromString("errorMessage");
+    s_busy_polls = PyUnicode_InternFromString("busy_polls");
+    s_busy_poll_hits = PyUnicode_InternFromString("busy_poll_hits");
+    s_calls = PyUnicode_InternFromString("compiled_loop_calls");
+    if (!s_resultCode || !s_errorCode || !s_errorMessage || !s_busy_polls || !s_busy_poll_hits || !s_calls)
+        return NULL;
+    for (int i = 1; i < 6; i++)
+        if ((k_fields[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+    return PyModule_Create(&module);
+}

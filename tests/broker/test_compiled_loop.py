@@ -1,0 +1,186 @@
+"""The compiled loop (luxun._netloop, through luxun.thrift.server) against the Python loop
+(``LUXUN_PURE_PYTHON=1``): the same calls, sent as raw frames to a broker of each kind, get
+the same reply bytes, whether the compiled loop answers them (a canonical produce, a
+one-item consume served at once) or leaves them to the Python loop (errors, other
+layouts, other calls, several frames in one read, part of one, long polls)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.thrift import TMessageType
+from thriftpy2.transport.memory import TCyMemoryBuffer
+
+from idl import QueueService
+from idl import luxun_thrift as T
+from luxun.thrift import server as thrift_server
+
+from .test_produce_path import call_frame, odd_layout_frame
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not thrift_server.COMPILED_LOOP, reason="luxun._netloop not built, or LUXUN_PURE_PYTHON set"),
+]
+
+LIMIT = 1000  # max.message.size of the brokers under test
+
+
+def frame(api: str, seqid: int, **args: Any) -> bytes:
+    """One framed call of ``api`` with its ``<api>_args`` fields, as thriftpy2 writes it."""
+    proto = TCyBinaryProtocol(TCyMemoryBuffer())
+    oneway = api == "asyncProduce"
+    proto.write_message_begin(api, TMessageType.ONEWAY if oneway else TMessageType.CALL, seqid)
+    getattr(QueueService, api + "_args")(**args).write(proto)
+    proto.write_message_end()
+    body = bytes(proto.trans.getvalue())
+    return struct.pack(">i", len(body)) + body
+
+
+def consume(seqid: int, **request: Any) -> bytes:
+    return frame("consume", seqid, consumeRequest=T.ConsumeRequest(**request))
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    (size,) = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))
+    body = sock.recv(size, socket.MSG_WAITALL)
+    assert len(body) == size
+    return body
+
+
+def decode(body: bytes) -> tuple[str, int, Any]:
+    proto = TCyBinaryProtocol(TCyMemoryBuffer(body))
+    name, _, seqid = proto.read_message_begin()
+    result = getattr(QueueService, name + "_result")()
+    result.read(proto)
+    return name, seqid, result.success
+
+
+def metric(broker: Any, name: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    found = re.search(rf"^{name} (\d+)$", text, re.M)
+    assert found, name
+    return int(found.group(1))
+
+
+# Each step: what is sent (one or more frames, sent whole or in parts), and how many replies
+# come back. Items are numbered so that every reply names what it carries.
+ITEM = bytes(range(100))
+
+
+def script() -> list[tuple[list[bytes], int]]:
+    """The calls, in order; each entry's parts are sent with a pause between them."""
+    steps: list[tuple[list[bytes], int]] = []
+    for i in range(3):  # canonical produces: compiled
+        steps.append(([call_frame("produce", "t", ITEM + bytes([i]), seqid=10 + i)], 1))
+    steps += [
+        ([call_frame("produce", "a/b", ITEM, seqid=20)], 1),  # a bad name, an error Result: the reply from Python
+        ([call_frame("produce", "t", bytes(LIMIT + 1), seqid=21)], 1),  # too large: an error Result
+        ([odd_layout_frame("t", b"odd", extra_field=True)], 0),  # another layout (oneway): the generic path
+        ([consume(30, topic="t", startIndex=1)], 1),  # one item by index: compiled
+        ([consume(31, topic="t", fanoutId="g")], 1),  # by group: compiled
+        ([consume(32, topic="t", fanoutId="g", maxFetchSize=0)], 1),
+        ([consume(33, topic="t", startIndex=99)], 1),  # out of range: left to Python
+        ([consume(34, topic="nope", startIndex=0)], 1),  # no such topic: left to Python
+        ([consume(35, topic="t", startIndex=0, withTimestamps=True)], 1),  # field 6: Python
+        ([consume(36, topic="t", startIndex=0, maxFetchSize=1 << 20)], 1),  # a fetch: Python
+        ([call_frame("produce", "t", b"p1", seqid=40) + call_frame("produce", "t", b"p2", seqid=41)], 2),  # one read
+        ([(f := call_frame("produce", "t", b"split", seqid=42))[:10], f[10:]], 1),  # a frame in two reads
+        ([(f := consume(43, topic="t", startIndex=2))[:5], f[5:]], 1),
+        ([frame("getSize", 44, getSizeRequest=T.GetSizeRequest(topic="t"))], 1),  # another call: Python
+    ]
+    steps.append(([call_frame("asyncProduce", "t", b"a%d" % i) for i in range(5)], 0))
+    steps.append(([consume(50, topic="t", startIndex=9)], 1))  # the last async item, after the batch
+    steps.append(([consume(51, topic="t", fanoutId="g2", maxWaitMs=50)], 1))  # a new group at the head: long poll
+    steps.append(([call_frame("produce", "t", b"\xff" * 7, seqid=52)], 1))
+    return steps
+
+
+def run(broker: Any) -> list[bytes]:
+    """Every reply body of the script, in order, from one connection to ``broker``."""
+    replies: list[bytes] = []
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
+        for parts, n in script():
+            for k, part in enumerate(parts):
+                if k:
+                    time.sleep(0.05)
+                sock.sendall(part)
+            replies += [read_frame(sock) for _ in range(n)]
+    return replies
+
+
+@pytest.fixture
+def both_brokers(broker_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Any]:
+    """``start(loop)``: a broker with the compiled loop ("compiled") or without ("python"), a data dir each."""
+    config = tmp_path / "server.properties"
+    config.write_text(f"max.message.size={LIMIT}\n")
+
+    def start(loop: str, poll_us: int = 200) -> Any:
+        config = tmp_path / f"{loop}-{poll_us}.properties"
+        config.write_text(f"max.message.size={LIMIT}\nbusy.poll.us={poll_us}\n")
+        if loop == "python":
+            monkeypatch.setenv("LUXUN_PURE_PYTHON", "1")
+        else:
+            monkeypatch.delenv("LUXUN_PURE_PYTHON", raising=False)
+        broker = broker_factory("--config", str(config), data_dir=tmp_path / f"data-{loop}-{poll_us}", metrics=True)
+        monkeypatch.delenv("LUXUN_PURE_PYTHON", raising=False)
+        return broker
+
+    return start
+
+
+@pytest.mark.parametrize("poll_us", [0, 200])
+def test_both_loops_answer_every_call_with_the_same_bytes(both_brokers: Any, poll_us: int) -> None:
+    compiled, python = both_brokers("compiled", poll_us), both_brokers("python", poll_us)
+    assert "served by the compiled loop (luxun._netloop)" in compiled.log()
+    assert "served by the Python loop (LUXUN_PURE_PYTHON is set)" in python.log()
+    got, expected = run(compiled), run(python)
+    assert len(got) == len(expected) == sum(n for _, n in script())
+    for k, (a, b) in enumerate(zip(got, expected, strict=True)):
+        if k == 10:  # withTimestamps: each broker's own append times, otherwise the same
+            (_, _, x), (_, _, y) = decode(a), decode(b)
+            assert len(x.timestampList) == len(y.timestampList) == 1
+            x.timestampList = y.timestampList = None
+            assert x == y
+            continue
+        assert a == b, f"reply {k}: {decode(a)} != {decode(b)}"
+    # What they say (the Python loop's replies are the reference, checked here too).
+    replies = [decode(body) for body in got]
+    assert [(r[1], r[2].index) for r in replies[:3]] == [(10, 0), (11, 1), (12, 2)]
+    assert replies[3][2].result.errorCode == T.ErrorCode.INVALID_TOPIC  # from the Python side of the reply
+    assert replies[4][2].result.errorCode == T.ErrorCode.MESSAGE_SIZE_TOO_LARGE
+    assert (replies[5][2].itemList, replies[5][2].lastConsumedIndex) == ([ITEM + b"\x01"], 1)
+    assert [replies[k][2].itemList for k in (6, 7)] == [[ITEM + b"\x00"], [ITEM + b"\x01"]]  # group g from the tail
+    assert replies[8][2].result.errorCode == T.ErrorCode.INDEX_OUT_OF_BOUNDS
+    assert replies[9][2].result.errorCode == T.ErrorCode.TOPIC_NOT_EXIST
+    assert replies[10][2].timestampList and len(replies[11][2].itemList) == 4  # the fetch: 3 items and "odd"
+    assert [r[2].index for r in replies[12:15]] == [4, 5, 6]  # p1, p2, split ("odd" took 3)
+    assert replies[15][2].itemList == [ITEM + b"\x02"]
+    assert replies[16][2].size == 7
+    assert (replies[17][2].itemList, replies[17][2].lastConsumedIndex) == ([b"a2"], 9)  # after the batch
+    assert replies[18][2].itemList == [ITEM + b"\x00"]
+    assert replies[19][2].index == 12
+    # The compiled loop answered the canonical calls itself; the Python loop none.
+    assert metric(compiled, "luxun_compiled_loop_calls_total") >= 7
+    assert metric(python, "luxun_compiled_loop_calls_total") == 0
+
+
+def test_a_client_closing_mid_frame_leaves_the_broker_serving(both_brokers: Any) -> None:
+    broker = both_brokers("compiled", 0)
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
+        sock.sendall(call_frame("produce", "t", b"x", seqid=1))
+        assert decode(read_frame(sock))[2].index == 0
+        sock.sendall(call_frame("produce", "t", b"y", seqid=2)[:9])  # part of a frame, then gone
+    client = broker.client()
+    assert client.produce(T.ProduceRequest(item=b"z", topic="t")).index == 1  # y never landed
+    assert client.consume(T.ConsumeRequest(topic="t", startIndex=1)).itemList == [b"z"]
+    client.close()
