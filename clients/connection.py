@@ -266,6 +266,7 @@ def consume_request(
     with_timestamps: bool = False,
     from_committed: bool = False,
     member_id: str | None = None,
+    items_as_blob: bool = False,
 ) -> Any:
     """A ``ConsumeRequest`` (the one place clients build them): by ``index`` (the first
     item wanted) or by ``group`` (its position); give one of the two, except with
@@ -273,7 +274,9 @@ def consume_request(
     if given, says where to read instead), as member ``member_id``. ``max_bytes`` <= 0
     asks for one item (the broker always returns at least one if any is there);
     ``wait_ms`` > 0 long-polls that long for new items; ``with_timestamps`` asks for each
-    item's append time (extensions that original brokers skip)."""
+    item's append time; ``items_as_blob`` asks for the items as one buffer and their
+    lengths (``itemBlob``, ``itemLengths``) instead of ``itemList`` (extensions that
+    original brokers skip: they answer with ``itemList``)."""
     if from_committed:
         if group is None:
             raise ValueError("a consume request from the committed position needs the group")
@@ -288,4 +291,5 @@ def consume_request(
         withTimestamps=True if with_timestamps else None,
         fromCommitted=True if from_committed else None,
         memberId=member_id,
+        itemsAsBlob=True if items_as_blob else None,
     )

@@ -11,8 +11,9 @@ them from here and never load the files themselves::
     pack = M.TMessagePack(attribute=M.CompressionCodec.GZIP, messageList=b"...")
 
 ``luxun.thrift`` is the original Luxun IDL, wire-compatible with Java Luxun (framed
-transport, binary protocol), plus one optional extension field,
-``ConsumeRequest.maxWaitMs`` (long-poll consume). ``message.thrift`` mirrors Java
+transport, binary protocol), plus optional extension fields and calls listed in its
+header (e.g. ``ConsumeRequest.maxWaitMs``, long-poll consume; ``itemsAsBlob``, a
+fetch's items as one buffer plus lengths). ``message.thrift`` mirrors Java
 Luxun's message format: a producer batch is one queue item, a ``TMessagePack``
 holding a binary-serialised (and maybe compressed) ``TMessageList``.
 

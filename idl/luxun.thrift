@@ -19,7 +19,10 @@
 //     and `getCommitted` and their structs (see below);
 //   - EXTENSION: committed positions that name a message: CommitOffsetRequest
 //     field 6 `message`, GetCommittedResponse field 4 `message`, ConsumeResponse
-//     field 7 `firstMessage` (optional; see below).
+//     field 7 `firstMessage` (optional; see below);
+//   - EXTENSION: items as one blob: ConsumeRequest field 9 `itemsAsBlob`,
+//     ConsumeResponse field 8 `itemBlob` and field 9 `itemLengths` (optional; see
+//     below).
 // Further extensions must be new optional fields or new methods only.
 
 namespace java com.leansoft.luxun.api.generated
@@ -99,6 +102,13 @@ struct ConsumeRequest {
     // no call for the broker's lease time (a few seconds); meanwhile other members
     // get TRY_LATER/ALL_MESSAGE_CONSUMED (nothing to read for them).
     8: optional string memberId,
+    // EXTENSION (luxun-py). true: a successful reply carries its items as one buffer
+    // instead of itemList: itemBlob (the items back to back) and itemLengths (each
+    // item's length), so that a reader needs no object per item (the Spark source
+    // makes an Arrow column of them without copying). Unset or false: itemList, exactly
+    // as the original broker replies. Original and older brokers skip the field and
+    // answer with itemList: a reader that sets it reads whichever of the two is set.
+    9: optional bool itemsAsBlob,
 }
 
 struct ConsumeResponse {
@@ -121,6 +131,13 @@ struct ConsumeResponse {
     // before it are committed: the reader skips them. Unset: skip nothing (an
     // original or older broker; a reader that ignores it re-reads them).
     7: optional i32 firstMessage,
+    // EXTENSION (luxun-py), only when the request set itemsAsBlob, in a reply that
+    // succeeded: the items itemList would hold, back to back (itemList is then unset),
+    // and each one's length as a big-endian i32, in order (4 bytes per item: the
+    // number of items is len(itemLengths) / 4). timestampList, firstIndex and
+    // firstMessage are as with itemList.
+    8: optional binary itemBlob,
+    9: optional binary itemLengths,
 }
 
 struct FindClosestIndexByTimeRequest {

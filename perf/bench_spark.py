@@ -19,7 +19,16 @@ write              ``df.write.format("luxun")`` of a JVM-generated DataFrame of 
                    messages, packed by the source (packSize = ``--pack``) and produced
                    with acknowledged ``produce``
 jvm baseline       generating that DataFrame into ``noop``, with no Python in the path
+raw items          (``--item-sizes``) topics of plain items of each size (``--item-mb``
+                   of them), read with decode=raw two ways in the same run, taking
+                   turns: ``itemsAsBlob`` on (each fetch one buffer plus lengths, the
+                   ``value`` column made of it) and off (``itemList``: one ``bytes`` per
+                   item, as from a Java Luxun broker); once into Spark's ``noop`` sink
+                   ("spark"), once by the partition reader alone in this process
+                   ("reader": ``read_range``, no Spark), with its CPU per item
 =================  ====================================================================
+
+``--items-only`` runs just the raw-items rows.
 
 Each workload runs once to warm up (Python workers start, pages are cached), then
 ``--repeat`` times; the table shows the median rate, the best one (the machine is
@@ -75,6 +84,68 @@ def produce(broker: BrokerInfo, topic: str, messages: int, size: int, pack: int)
             batch = [b"%0*d" % (size, i) for i in range(start, min(start + pack, messages))]
             conn.checked("produce", T.ProduceRequest(item=encode_pack(batch), topic=topic))
     return time.perf_counter() - t0
+
+
+def produce_items(broker: BrokerInfo, topic: str, count: int, size: int) -> None:
+    """``count`` plain items of ``size`` bytes (asyncProduce, then wait until all are in)."""
+    item = b"i" * size
+    with connect(broker) as conn:
+        for _ in range(count):
+            conn.produce(item, topic, oneway=True)
+        while topic_size(broker, topic) < count:
+            time.sleep(0.05)
+
+
+def raw_items(broker: BrokerInfo, spark: Any, args: Any, partitions: int) -> list[dict[str, Any]]:
+    """The raw-items rows: per item size, itemsAsBlob on and off taking turns (ABBA...)."""
+    from clients.spark.options import ReadOptions
+    from clients.spark.planning import LuxunPartition
+    from clients.spark.read import read_range
+
+    address = f"{broker.host}:{broker.port}"
+    out: list[dict[str, Any]] = []
+    for size in args.item_sizes:
+        topic, count = f"bench-items-{size}", max(1, args.item_mb * 1_000_000 // size)
+        log(f"raw items of {size} B: producing {count:,} ...")
+        produce_items(broker, topic, count, size)
+        times: dict[tuple[str, bool], list[float]] = {}
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        for blob in (True, False):  # warm-up (pages cached, imports done)
+            opts = ReadOptions.parse(
+                {"luxun.servers": address, "subscribe": topic, "decode": "raw", "itemsAsBlob": str(blob).lower()},
+                streaming=False,
+            )
+            sum(b.num_rows for b in read_range(opts, LuxunPartition(topic, address, 0, count)))
+            spark.read.format("luxun").option("luxun.servers", address).option("subscribe", topic).option(
+                "decode", "raw"
+            ).option("itemsAsBlob", str(blob).lower()).load().write.format("noop").mode("overwrite").save()
+        for rnd in range(args.repeat):
+            for blob in (True, False) if rnd % 2 == 0 else (False, True):
+                flag = str(blob).lower()
+                opts = ReadOptions.parse(
+                    {"luxun.servers": address, "subscribe": topic, "decode": "raw", "itemsAsBlob": flag},
+                    streaming=False,
+                )
+                t0, c0 = time.perf_counter(), time.process_time()
+                rows = sum(b.num_rows for b in read_range(opts, LuxunPartition(topic, address, 0, count)))
+                times.setdefault(("reader", blob), []).append(time.perf_counter() - t0)
+                cpu[blob].append((time.process_time() - c0) / count * 1e6)
+                assert rows == count, (rows, count)
+                df = (
+                    spark.read.format("luxun").option("luxun.servers", address).option("subscribe", topic)
+                    .option("decode", "raw").option("itemsAsBlob", flag).option("minPartitions", str(partitions))
+                    .load()
+                )  # fmt: skip
+                t0 = time.perf_counter()
+                df.write.format("noop").mode("overwrite").save()
+                times.setdefault(("spark", blob), []).append(time.perf_counter() - t0)
+        for (where, blob), runs in sorted(times.items(), key=lambda kv: (kv[0][0] != "reader", not kv[0][1])):
+            name = f"raw {size} B {where}, {'blob' if blob else 'list'}"
+            extra: dict[str, Any] = {"row_bytes": size}
+            if where == "reader":
+                extra["cpu_us_per_item"] = round(statistics.median(cpu[blob]), 3)
+            out.append(summarise(name, count, runs, **extra))
+    return out
 
 
 def topic_size(broker: BrokerInfo, topic: str) -> int:
@@ -177,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", type=int, default=0, help="local[N] Spark (default: all usable cores)")
     p.add_argument("--partitions", type=int, default=0, help="minPartitions of the reads (default: --cores)")
     p.add_argument("--quick", action="store_true", help="smoke run: 100,000 messages, 1 repeat")
+    p.add_argument(
+        "--item-sizes",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[100, 1000],
+        help="raw items rows: item bytes (default 100,1000; empty: none)",
+    )
+    p.add_argument("--item-mb", type=int, default=20, help="raw items rows: MB of items per size (default 20)")
+    p.add_argument("--items-only", action="store_true", help="only the raw items rows")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"results file (default {DEFAULT_JSON})")
     args = p.parse_args(argv)
     if args.quick:
@@ -190,11 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with own_broker(work, "bench_spark") as broker:
             address = f"{broker.host}:{broker.port}"
-            log(f"broker on {address}; producing {args.messages:,} messages of {args.size} B ...")
-            produce_s = produce(broker, "bench-read", args.messages, args.size, args.pack)
-            log(f"  produced in {produce_s:.1f} s; starting Spark local[{cores}] ...")
+            produce_s = 0.0
+            if not args.items_only:
+                log(f"broker on {address}; producing {args.messages:,} messages of {args.size} B ...")
+                produce_s = produce(broker, "bench-read", args.messages, args.size, args.pack)
+                log(f"  produced in {produce_s:.1f} s")
+            log(f"starting Spark local[{cores}] ...")
             spark = spark_session(work, cores)
             try:
+                if args.items_only:
+                    results.extend(raw_items(broker, spark, args, partitions))
+                    return report(args, cores, partitions, machine, produce_s, results, started)
                 base = (
                     spark.read.format("luxun")
                     .option("luxun.servers", address)
@@ -232,30 +317,47 @@ def main(argv: list[str] | None = None) -> int:
                 times = timed(write, args.repeat)
                 written = topic_size(broker, f"bench-write-{runs[0]}")
                 results.append(summarise("write", args.messages, times, row_bytes=args.size, packs_written=written))
+                results.extend(raw_items(broker, spark, args, partitions))
             finally:
                 spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return report(args, cores, partitions, machine, produce_s, results, started)
 
-    read_rate = results[0]["rows_per_s"]
-    print(
-        f"\nluxun Spark data source: {args.messages:,} messages of {args.size} B in packs of {args.pack}, "
-        f"local[{cores}], minPartitions {partitions}, median of {args.repeat}"
+
+def report(
+    args: Any,
+    cores: int,
+    partitions: int,
+    machine: dict[str, Any],
+    produce_s: float,
+    results: list[dict[str, Any]],
+    started: float,
+) -> int:
+    """Print the table, write the JSON."""
+    read_rate = results[0]["rows_per_s"] if not args.items_only else 0
+    what = (
+        "raw items only" if args.items_only else f"{args.messages:,} messages of {args.size} B in packs of {args.pack}"
     )
+    print(f"\nluxun Spark data source: {what}, local[{cores}], minPartitions {partitions}, median of {args.repeat}")
     print(
         f"machine: {machine['cpu']}, {machine['cores']} cores ({machine['cores_usable']} usable), "
         f"{machine['ram_gib']} GiB, Python {machine['python']}, {machine['java']}, "
         f"pyspark {machine['versions'].get('pyspark')}, pyarrow {machine['versions'].get('pyarrow')}"
     )
-    print(f"\n{'workload':<22}{'rows':>12}{'rows/s':>14}{'best rows/s':>14}{'MB/s':>10}{'spread':>9}")
+    print(
+        f"\n{'workload':<30}{'rows':>12}{'rows/s':>14}{'best rows/s':>14}{'MB/s':>10}{'spread':>9}{'us CPU/item':>13}"
+    )
     for r in results:
+        cpu = r.get("cpu_us_per_item")
         print(
-            f"{r['workload']:<22}{r['rows']:>12,}{r['rows_per_s']:>14,}{r['best_rows_per_s']:>14,}"
-            f"{r['mb_per_s']:>10}{r['spread']:>9.0%}"
+            f"{r['workload']:<30}{r['rows']:>12,}{r['rows_per_s']:>14,}{r['best_rows_per_s']:>14,}"
+            f"{r['mb_per_s']:>10}{r['spread']:>9.0%}{'' if cpu is None else cpu:>13}"
         )
-    verdict = "meets" if read_rate >= TARGET_READ_ROWS_S else "MISSES"
-    print(f"\nread target >= {TARGET_READ_ROWS_S:,} rows/s: {verdict} ({read_rate:,} rows/s)")
-    report = {
+    if not args.items_only:
+        verdict = "meets" if read_rate >= TARGET_READ_ROWS_S else "MISSES"
+        print(f"\nread target >= {TARGET_READ_ROWS_S:,} rows/s: {verdict} ({read_rate:,} rows/s)")
+    data = {
         "benchmark": "bench_spark",
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "cores": cores,
@@ -268,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": round(time.perf_counter() - started, 1),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"\nresults written to {args.json} ({report['duration_s']} s)")
+    args.json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(f"\nresults written to {args.json} ({data['duration_s']} s)")
     return 0
 
 

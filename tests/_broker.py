@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +23,8 @@ from thriftpy2.transport import TCyFramedTransportFactory
 from idl import QueueService
 
 PASSWORD = "secret"
+#: The Java Luxun 0.6.2 build the Java-peer tests run (skipped without it).
+JAVA_PEER = Path(os.environ.get("LUXUN_JAVA_PEER", Path(__file__).resolve().parents[1] / ".peers" / "luxun-java"))
 
 
 #: Every port free_port handed out in this process.
@@ -173,3 +178,37 @@ def brokers(tmp_path: Path) -> Iterator[Callable[[int], list[BrokerProcess]]]:
     yield start
     for broker in started:
         broker.stop()
+
+
+@contextlib.contextmanager
+def java_luxun(work: Path) -> Iterator[str]:
+    """Java Luxun 0.6.2 (``JAVA_PEER``) on a free loopback port, its files in ``work``
+    (its password: plain:luxun); yields host:port. Skips the test without the build."""
+    classpath = JAVA_PEER / "build" / "classpath.txt"
+    properties = JAVA_PEER / "src" / "luxun" / "conf" / "server.properties"
+    if not classpath.is_file() or not properties.is_file() or shutil.which("java") is None:
+        pytest.skip(f"no Java Luxun build at {JAVA_PEER} (set LUXUN_JAVA_PEER)")
+    port = free_port()
+    text = re.sub(r"(?m)^log\.dir=.*$", f"log.dir={work / 'java-data'}", properties.read_text())
+    (work / "server.properties").write_text(re.sub(r"(?m)^port=.*$", f"port={port}", text))
+    (work / "log4j.properties").write_text(
+        "log4j.rootLogger=WARN, c\nlog4j.appender.c=org.apache.log4j.ConsoleAppender\n"
+        "log4j.appender.c.layout=org.apache.log4j.SimpleLayout\n"
+    )
+    log_path = work / "java.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["java", "-Dluxun.bind.host=127.0.0.1", f"-Dlog4j.configuration=file:{work / 'log4j.properties'}",
+             "-cp", classpath.read_text().strip(), "com.leansoft.luxun.Luxun", str(work / "server.properties")],
+            stdout=log, stderr=log,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_process(proc, signal.SIGTERM, 20)

@@ -84,6 +84,12 @@ Read options (names follow Spark's Kafka source where they fit):
     ``Trigger.AvailableNow`` ignores the minimum (it would end without reading).
 ``fetchBytes`` (default 1 MiB), ``timeoutMs`` (default 30000)
     byte limit of one consume call; connect and socket timeout of broker calls.
+``itemsAsBlob``
+    ``true`` (default): ask for each fetch's items as one buffer and their lengths (the
+    ``itemsAsBlob`` extension of ``ConsumeRequest``), so that with ``decode=raw`` the
+    ``value`` column is made of that buffer without a Python object per item; a broker
+    that does not know the extension (Java Luxun, an older luxun) answers with
+    ``itemList``, read as before. ``false``: always ask for ``itemList``.
 
 Streaming offsets are ``{"topic": {"host:port": next index}}``. A micro-batch reads the
 fixed range [start, end) of each pair by index, so a replay after a failure reads the

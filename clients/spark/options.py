@@ -119,6 +119,7 @@ class ReadOptions:
     max_rows_per_trigger: int | None = None
     min_items_per_trigger: int | None = None
     max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    items_as_blob: bool = True
 
     @classmethod
     def parse(cls, options: Any, *, streaming: bool) -> ReadOptions:
@@ -159,6 +160,7 @@ class ReadOptions:
             max_rows_per_trigger=int_option(options, "maxRowsPerTrigger", None, 1),
             min_items_per_trigger=min_items,
             max_trigger_delay_ms=duration_option(options, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
+            items_as_blob=bool_option(options, "itemsAsBlob", True),
         )
 
     def keys(self) -> list[Key]:

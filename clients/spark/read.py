@@ -21,7 +21,7 @@ from pyspark.sql.streaming.datasource import (
 from idl import luxun_thrift as T
 
 from ..connection import BrokerConnection, consume_request
-from ..errors import broker_error
+from ..errors import LuxunClientError, broker_error
 from ..messages import PackError, decode_pack
 from .options import Key, ReadOptions
 from .planning import (
@@ -56,6 +56,8 @@ ARROW_SCHEMA = pa.schema(
 
 #: Items gathered into one RecordBatch (several fetches).
 _BATCH_BYTES = 4 << 20
+#: Arrow's binary column holds at most this many bytes (int32 offsets): a batch ends before.
+_ARROW_BINARY_BYTES = 2**31 - 1
 #: Bytes of packs a micro-batch planner reads per (topic, broker) pair to count the
 #: messages of the packs it is about to hand out (maxRowsPerTrigger).
 SAMPLE_BYTES = 256 << 10
@@ -67,9 +69,74 @@ _E = T.ErrorCode
 _GONE = (_E.INDEX_OUT_OF_BOUNDS, _E.TOPIC_NOT_EXIST, _E.TOPIC_IS_EMPTY, _E.ALL_MESSAGE_CONSUMED)
 
 
-def consume(conn: BrokerConnection, topic: str, start: int, max_bytes: int) -> Any:
-    """Items from ``start`` on, with their append times (a failed Result is returned)."""
-    return conn.call("consume", consume_request(topic, index=start, max_bytes=max_bytes, with_timestamps=True))
+def consume(conn: BrokerConnection, topic: str, start: int, max_bytes: int, as_blob: bool = False) -> Any:
+    """Items from ``start`` on, with their append times (a failed Result is returned);
+    ``as_blob``: asked for as one buffer (see :func:`fetched`)."""
+    request = consume_request(topic, index=start, max_bytes=max_bytes, with_timestamps=True, items_as_blob=as_blob)
+    return conn.call("consume", request)
+
+
+class Blob:
+    """Items as one buffer and their lengths (a reply's ``itemBlob`` and ``itemLengths``),
+    with no Python object per item: the ``value`` column of ``decode=raw`` is made of
+    them without a copy (:func:`binary_column`)."""
+
+    __slots__ = ("data", "lengths")
+
+    def __init__(self, data: bytes | memoryview, lengths: np.ndarray[Any, Any]) -> None:
+        self.data = data
+        self.lengths = lengths  # int32
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    def head(self, n: int) -> Blob:
+        """The first ``n`` items."""
+        if n >= len(self.lengths):
+            return self
+        return Blob(memoryview(self.data)[: int(self.lengths[:n].sum(dtype=np.int64))], self.lengths[:n])
+
+    def to_list(self) -> list[bytes]:
+        """One ``bytes`` per item (for the paths that need them: decoding packs)."""
+        data = self.data
+        ends = np.cumsum(self.lengths, dtype=np.int64).tolist()
+        return [bytes(data[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+    @staticmethod
+    def join(blobs: Sequence[Blob]) -> Blob:
+        """One blob of ``blobs``' items, in order (one copy of their bytes, when several)."""
+        if len(blobs) == 1:
+            return blobs[0]
+        return Blob(b"".join([b.data for b in blobs]), np.concatenate([b.lengths for b in blobs]))
+
+
+def fetched(response: Any, where: str) -> list[bytes] | Blob:
+    """The items of a consume reply: a :class:`Blob` when the broker sent ``itemBlob``
+    (it knows ``itemsAsBlob`` and was asked), else ``itemList`` (Java Luxun, an older
+    luxun, or not asked), as a list of ``bytes``."""
+    data = response.itemBlob
+    if data is None:
+        return response.itemList or []
+    raw = response.itemLengths or b""
+    lengths = np.frombuffer(raw, dtype=">i4", count=len(raw) // 4).astype(np.int32)
+    if len(raw) % 4 or (len(lengths) and int(lengths.min()) < 0) or int(lengths.sum(dtype=np.int64)) != len(data):
+        raise LuxunClientError(
+            f"broker {where} sent {len(data)} bytes of items and {len(raw)} bytes of lengths that do not add up"
+        )
+    return Blob(data, lengths)
+
+
+def binary_column(blob: Blob) -> pa.Array:
+    """``blob``'s items as an Arrow binary array over its buffer (not copied): the offsets
+    are the lengths' running sum (int32: ``blob`` holds under 2 GiB)."""
+    n = len(blob)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(blob.lengths, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(blob.data)])
 
 
 # -- rows ------------------------------------------------------------------------------
@@ -93,16 +160,22 @@ def _decode(item: bytes, index: int, topic: str, broker: str) -> list[bytes]:
 
 
 def record_batch(
-    items: Sequence[bytes], times_ms: Sequence[int], topic: str, broker: str, first: int, decode: str
+    items: Sequence[bytes] | Blob, times_ms: Sequence[int], topic: str, broker: str, first: int, decode: str
 ) -> pa.RecordBatch:
     """One RecordBatch of the items ``first``.. with their append times (0: unknown)."""
     times = np.asarray(times_ms, dtype=np.int64)
+    value: pa.Array | None = None
+    values: list[bytes] = []
     if decode == "raw":
-        values: list[bytes] = list(items)
-        index = pa.array(range(first, first + len(items)), pa.int64())
+        if isinstance(items, Blob):
+            value = binary_column(items)
+        else:
+            values = list(items)
+        index = pa.array(np.arange(first, first + len(items), dtype=np.int64))
         position = pa.repeat(pa.scalar(0, pa.int32()), len(items))
     else:
-        values = []
+        if isinstance(items, Blob):
+            items = items.to_list()
         counts = array("q")
         pos = array("i")
         for k, item in enumerate(items):
@@ -114,10 +187,12 @@ def record_batch(
         index = pa.array(np.repeat(np.arange(first, first + len(items), dtype=np.int64), repeats))
         position = pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(pos)])
         times = np.repeat(times, repeats)
-    n = len(values)
+    if value is None:
+        value = pa.array(values, pa.binary())
+    n = len(value)
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(values, pa.binary()),
+            value,
             pa.repeat(pa.scalar(topic, pa.string()), n),
             pa.repeat(pa.scalar(broker, pa.string()), n),
             index,
@@ -128,31 +203,47 @@ def record_batch(
     )
 
 
+def _gathered(chunks: list[list[bytes] | Blob]) -> list[bytes] | Blob:
+    """The items of several fetches, in order: one :class:`Blob` when every fetch came
+    as one, else a list of ``bytes``."""
+    if all(isinstance(c, Blob) for c in chunks):
+        return Blob.join(chunks)  # type: ignore[arg-type]
+    out: list[bytes] = []
+    for c in chunks:
+        out.extend(c.to_list() if isinstance(c, Blob) else c)
+    return out
+
+
 def read_range(opts: ReadOptions, part: LuxunPartition) -> Iterator[pa.RecordBatch]:
     """The rows of ``part``: consume-by-index calls of ``fetch_bytes``, gathered into
     RecordBatches of about ``_BATCH_BYTES`` of items (fewer, bigger batches are cheaper
-    for Spark; smaller fetches are cheaper for Thrift)."""
+    for Spark; smaller fetches are cheaper for Thrift). With ``items_as_blob`` the
+    fetches ask for their items as one buffer (see :func:`fetched`)."""
     topic, broker = part.topic, part.broker
-    pending: list[bytes] = []  # items first..index-1, not yet in a batch
+    pending: list[list[bytes] | Blob] = []  # the fetches of items first..index-1, not yet in a batch
     pending_times: list[int] = []  # their append times in ms (0: the broker did not say)
     pending_bytes = 0
     first = index = part.start
     with connect(broker, opts) as conn:
         while index < part.end:
-            response = consume(conn, topic, index, opts.fetch_bytes)
+            response = consume(conn, topic, index, opts.fetch_bytes, opts.items_as_blob)
             result = response.result
-            items = response.itemList or []
-            if result.resultCode == _SUCCESS and items:
-                items = items[: part.end - index]
+            items = fetched(response, broker)
+            if result.resultCode == _SUCCESS and len(items):
+                items = items.head(part.end - index) if isinstance(items, Blob) else items[: part.end - index]
+                size = items.nbytes if isinstance(items, Blob) else sum(map(len, items))
+                if pending and pending_bytes + size > _ARROW_BINARY_BYTES:  # Arrow's int32 offsets
+                    yield record_batch(_gathered(pending), pending_times, topic, broker, first, opts.decode)
+                    pending, pending_times, pending_bytes, first = [], [], 0, index
                 times = response.timestampList
                 if times is None or len(times) < len(items):
                     times = [0] * len(items)
-                pending.extend(items)
+                pending.append(items)
                 pending_times.extend(times[: len(items)])
-                pending_bytes += sum(map(len, items))
+                pending_bytes += size
                 index += len(items)
                 if pending_bytes >= _BATCH_BYTES:
-                    yield record_batch(pending, pending_times, topic, broker, first, opts.decode)
+                    yield record_batch(_gathered(pending), pending_times, topic, broker, first, opts.decode)
                     pending, pending_times, pending_bytes, first = [], [], 0, index
                 continue
             if result.errorCode not in _GONE:
@@ -169,7 +260,7 @@ def read_range(opts: ReadOptions, part: LuxunPartition) -> Iterator[pa.RecordBat
                         f"(oldest retained index is {tail}); set failOnDataLoss=false to skip them"
                     )
                 if pending:
-                    yield record_batch(pending, pending_times, topic, broker, first, opts.decode)
+                    yield record_batch(_gathered(pending), pending_times, topic, broker, first, opts.decode)
                     pending, pending_times, pending_bytes = [], [], 0
                 first = index = tail
                 continue
@@ -181,7 +272,7 @@ def read_range(opts: ReadOptions, part: LuxunPartition) -> Iterator[pa.RecordBat
                 )
             break
         if pending:
-            yield record_batch(pending, pending_times, topic, broker, first, opts.decode)
+            yield record_batch(_gathered(pending), pending_times, topic, broker, first, opts.decode)
 
 
 # -- batch -----------------------------------------------------------------------------
@@ -324,8 +415,13 @@ class LuxunStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with connect(broker, self.opts) as conn:
                 for topic in topics:
                     key = (topic, broker)
-                    response = consume(conn, topic, base[key], min(SAMPLE_BYTES, self.opts.fetch_bytes))
-                    items = (response.itemList or [])[: take[key]] if response.result.resultCode == _SUCCESS else []
+                    response = consume(
+                        conn, topic, base[key], min(SAMPLE_BYTES, self.opts.fetch_bytes), self.opts.items_as_blob
+                    )
+                    items: list[bytes] = []
+                    if response.result.resultCode == _SUCCESS:
+                        got = fetched(response, broker)
+                        items = (got.to_list() if isinstance(got, Blob) else got)[: take[key]]
                     counts = [len(_decode(item, base[key] + i, topic, broker)) for i, item in enumerate(items)]
                     out[key] = counts
                     fresh = counts[max(0, self._counted_to.get(key, 0) - base[key]) :]  # not yet in the mean

@@ -347,17 +347,26 @@ class QueueHandler:
 
     # -- consume -----------------------------------------------------------------------
     def consume(self, request: Any) -> Any:
-        """QueueService.consume with ``itemList`` a list of ``bytes`` (for callers in
-        process and thriftpy2's generic encoder)."""
+        """QueueService.consume with ``itemList`` a list of ``bytes``, or, when the
+        request set ``itemsAsBlob``, ``itemBlob`` and ``itemLengths`` as ``bytes`` (for
+        callers in process and thriftpy2's generic encoder)."""
         response = self.consume_for_wire(request)
-        if isinstance(response.itemList, ItemBlob):
-            response.itemList = response.itemList.to_list()
+        items = response.itemList
+        if isinstance(items, ItemBlob):
+            if items.as_blob:  # EXTENSION itemsAsBlob: the items in fields 8 and 9
+                response.itemList = None
+                response.itemBlob = bytes(items.data)
+                response.itemLengths = items.lengths_field()
+            else:
+                response.itemList = items.to_list()
+            items.release()
         return response
 
     def consume_for_wire(self, request: Any, views: bool = False) -> Any:
         """:meth:`consume` for :func:`luxun.thrift.wire.encode_consume_reply`: a fetch's
         ``itemList`` may be an :class:`~luxun.thrift.wire.ItemBlob` (lengths + one bytes
-        object) instead of a list, which saves a ``bytes`` object per item.
+        object) instead of a list, which saves a ``bytes`` object per item (flagged
+        ``as_blob`` when the request set ``itemsAsBlob``: sent as fields 8 and 9).
 
         ``views``: the blob's data may be a view of the storage page, not a copy
         (:meth:`bigarray.BigArray.read_range_view`); the caller must then call the
@@ -455,6 +464,7 @@ class QueueHandler:
         max_fetch = request.maxFetchSize or 0
         max_bytes = max_fetch if max_fetch > 0 else None  # None: one item
         with_times = bool(request.withTimestamps)
+        as_blob = bool(getattr(request, "itemsAsBlob", None))
         last_index = first = 0
         skip = 0  # fromCommitted: committed messages of the first item (firstMessage)
         queue: Any = None
@@ -467,6 +477,9 @@ class QueueHandler:
                 response.timestampList = self._timestamps(queue, first, len(items)) if items else []
             if skip and items:
                 response.firstMessage = skip
+            if as_blob and items:  # EXTENSION: sent as itemBlob and itemLengths (see wire)
+                response.itemList = blob = ItemBlob.of(items)
+                blob.as_blob = True
             return response
 
         topic = self.topics.get(name)  # an open topic's name is valid: checked when it was made

@@ -10,10 +10,12 @@ same (strict binary protocol, as thriftpy2 and Apache Thrift write it)::
         [2: list<binary> itemList]   (unset in error replies, as Java Luxun's)
         3: i64 lastConsumedIndex
         [4: list<i64> timestampList] [5: i64 firstIndex] [6: string heldBy]
-        [7: i32 firstMessage] } }
+        [7: i32 firstMessage] [8: binary itemBlob, 9: binary itemLengths] } }
 
 A fetch's items may come as an :class:`ItemBlob` (lengths and one bytes object, as
-the storage reads them); their length prefixes are then interleaved with numpy.
+the storage reads them); their length prefixes are then interleaved with numpy. When
+the request set ``itemsAsBlob`` (an extension), its bytes go out as they are, as
+``itemBlob``, with ``itemLengths`` beside them: no framing per item, no copy.
 
 Produce and single-item consume calls are small and many, so they skip the generic
 decoder too: :func:`parse_consume_call` reads a ``consume`` call in the canonical
@@ -67,7 +69,7 @@ class ItemBlob:
     :meth:`bigarray.BigArray.read_range_blob` returns): a consume reply made from it
     needs no ``bytes`` object per item. Sized like the list it stands for."""
 
-    __slots__ = ("data", "lengths", "release")
+    __slots__ = ("as_blob", "data", "lengths", "release")
 
     def __init__(
         self, lengths: np.ndarray[Any, Any], data: bytes | memoryview, release: Callable[[], None] = _no_release
@@ -77,6 +79,20 @@ class ItemBlob:
         #: Called once the reply made from it is sent: ``data`` may be a view of a
         #: storage page (see :meth:`bigarray.BigArray.read_range_view`).
         self.release = release
+        #: Sent as ConsumeResponse's ``itemBlob`` and ``itemLengths`` (the request set
+        #: ``itemsAsBlob``), not as ``itemList``.
+        self.as_blob = False
+
+    @classmethod
+    def of(cls, items: list[bytes] | ItemBlob) -> ItemBlob:
+        """``items`` as an :class:`ItemBlob` (itself if it is one; a list is joined)."""
+        if isinstance(items, ItemBlob):
+            return items
+        return cls(np.fromiter(map(len, items), dtype=np.int64, count=len(items)), b"".join(items))
+
+    def lengths_field(self) -> bytes:
+        """``itemLengths``: each item's length as a big-endian i32, in order."""
+        return self.lengths.astype(">i4").tobytes()
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -161,9 +177,9 @@ def _result_parts(result: Any, parts: list[bytes]) -> None:
     parts.append(b"\x00")
 
 
-def _extension_parts(response: Any, parts: list[Any]) -> None:
-    """ConsumeResponse's extension fields (only when asked for), then the STOPs that
-    end ConsumeResponse and consume_result."""
+def _extension_parts(response: Any, parts: list[Any], end: bool = True) -> None:
+    """ConsumeResponse's extension fields 4-7 (only when asked for), then (``end``) the
+    STOPs that end ConsumeResponse and consume_result."""
     times = response.timestampList
     if times is not None:
         parts.append(struct.pack(f">bhbi{len(times)}q", _T_LIST, 4, _T_I64, len(times), *times))
@@ -176,7 +192,8 @@ def _extension_parts(response: Any, parts: list[Any]) -> None:
     first_message = response.firstMessage
     if first_message is not None:
         parts.append(struct.pack(">bhi", _T_I32, 7, first_message))
-    parts.append(b"\x00\x00")
+    if end:
+        parts.append(b"\x00\x00")
 
 
 def encode_consume_reply(seqid: int, response: Any) -> bytes:
@@ -195,6 +212,12 @@ def encode_consume_reply_parts(seqid: int, response: Any) -> list[Any]:
         parts.append(struct.pack(">bhq", _T_I64, 3, response.lastConsumedIndex or 0))
         _extension_parts(response, parts)
         return [b"".join(parts)]
+    if isinstance(items, ItemBlob) and items.as_blob:  # EXTENSION: fields 8 and 9, no field 2
+        parts.append(struct.pack(">bhq", _T_I64, 3, response.lastConsumedIndex or 0))
+        _extension_parts(response, parts, end=False)
+        parts.append(struct.pack(">bhi", _T_STRING, 8, len(items.data)))
+        lengths = struct.pack(">bhi", _T_STRING, 9, 4 * len(items)) + items.lengths_field() + b"\x00\x00"
+        return [b"".join(parts), items.data, lengths]  # the data as read: a page's view is not copied
     parts.append(struct.pack(">bhbi", _T_LIST, 2, _T_STRING, len(items)))
     if isinstance(items, ItemBlob):
         out: list[Any] = [b"".join(parts)]
@@ -339,6 +362,7 @@ _CONSUME_FIELDS = {
     4: (_T_I32, "maxFetchSize"),
     5: (_T_I32, "maxWaitMs"),
     6: (2, "withTimestamps"),
+    9: (2, "itemsAsBlob"),
 }
 _FIELD_HEAD = struct.Struct(">bh")
 _I64 = struct.Struct(">q")
@@ -349,7 +373,7 @@ def parse_consume_call(buf: bytes | bytearray | memoryview, start: int, end: int
     the canonical layout::
 
         i32 0x80010001 (CALL) | string "consume" | i32 seqid
-        args { 1: ConsumeRequest { fields 1..6 of the known types, in id order } } STOP STOP
+        args { 1: ConsumeRequest { fields 1..6 and 9 of the known types, in id order } } STOP STOP
 
     ``fields`` maps ConsumeRequest's attribute names to the values sent (topic
     included). None for anything else (unknown or repeated fields, other types, no
@@ -401,7 +425,9 @@ def parse_consume_call(buf: bytes | bytearray | memoryview, start: int, end: int
 # -- requests with a required field missing ---------------------------------------------------
 #: Optional fields (our IDL extensions): Java's generated toString shows them only when
 #: set; thriftpy2's spec does not tell optional from default requiredness.
-_OPTIONAL_FIELDS = frozenset({"maxWaitMs", "withTimestamps", "fromCommitted", "memberId", "release", "message"})
+_OPTIONAL_FIELDS = frozenset(
+    {"maxWaitMs", "withTimestamps", "fromCommitted", "memberId", "itemsAsBlob", "release", "message"}
+)
 _T_BOOL, _T_BINARY = 2, 18
 _JAVA_BINARY_SHOWN = 128  # bytes of a binary field TBaseHelper.toString shows
 

@@ -9,11 +9,7 @@ limit), and that no Python traceback is printed.
 from __future__ import annotations
 
 import configparser
-import contextlib
 import hashlib
-import os
-import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -26,7 +22,7 @@ from typing import Any
 import pytest
 
 from idl import luxun_thrift as T
-from tests._broker import PASSWORD, free_port
+from tests._broker import PASSWORD, free_port, java_luxun
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -448,45 +444,11 @@ def test_serve_with_a_data_dir_that_is_a_file_is_one_line(tmp_path: Path) -> Non
 
 
 # -- against Java Luxun (skipped without its build) ------------------------------------------
-JAVA_PEER = Path(os.environ.get("LUXUN_JAVA_PEER", Path(__file__).resolve().parents[2] / ".peers" / "luxun-java"))
-
-
 @pytest.fixture
 def java_broker(tmp_path: Path) -> Iterator[str]:
     """Java Luxun 0.6.2 on a free loopback port (its password: plain:luxun); yields host:port."""
-    classpath = JAVA_PEER / "build" / "classpath.txt"
-    properties = JAVA_PEER / "src" / "luxun" / "conf" / "server.properties"
-    if not classpath.is_file() or not properties.is_file() or shutil.which("java") is None:
-        pytest.skip(f"no Java Luxun build at {JAVA_PEER} (set LUXUN_JAVA_PEER)")
-    port = free_port()
-    text = re.sub(r"(?m)^log\.dir=.*$", f"log.dir={tmp_path / 'java-data'}", properties.read_text())
-    (tmp_path / "server.properties").write_text(re.sub(r"(?m)^port=.*$", f"port={port}", text))
-    (tmp_path / "log4j.properties").write_text(
-        "log4j.rootLogger=WARN, c\nlog4j.appender.c=org.apache.log4j.ConsoleAppender\n"
-        "log4j.appender.c.layout=org.apache.log4j.SimpleLayout\n"
-    )
-    log_path = tmp_path / "java.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            ["java", "-Dluxun.bind.host=127.0.0.1", f"-Dlog4j.configuration=file:{tmp_path / 'log4j.properties'}",
-             "-cp", classpath.read_text().strip(), "com.leansoft.luxun.Luxun", str(tmp_path / "server.properties")],
-            stdout=log, stderr=log,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with java_luxun(tmp_path) as where:
+        yield where
 
 
 def test_the_cli_against_java_luxun(java_broker: str) -> None:

@@ -291,6 +291,7 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         6: (TType.BOOL, "withTimestamps", False),
         7: (TType.BOOL, "fromCommitted", False),
         8: (TType.STRING, "memberId", False),
+        9: (TType.BOOL, "itemsAsBlob", False),
     },
     "ConsumeResponse": {
         1: (TType.STRUCT, "result", "Result", True),
@@ -300,6 +301,8 @@ EXPECTED_SPECS: dict[str, dict[int, tuple[Any, ...]]] = {
         5: (TType.I64, "firstIndex", False),
         6: (TType.STRING, "heldBy", False),
         7: (TType.I32, "firstMessage", False),
+        8: (TType.BINARY, "itemBlob", False),
+        9: (TType.BINARY, "itemLengths", False),
     },
     "FindClosestIndexByTimeRequest": {1: (TType.I64, "timestamp", True), 2: (TType.STRING, "topic", True)},
     "FindClosestIndexByTimeResponse": {
@@ -406,11 +409,14 @@ def test_struct_matches_original(name: str, original: Any) -> None:
         assert ours.pop(6) == (TType.BOOL, "withTimestamps", False)
         assert ours.pop(7) == (TType.BOOL, "fromCommitted", False)
         assert ours.pop(8) == (TType.STRING, "memberId", False)
+        assert ours.pop(9) == (TType.BOOL, "itemsAsBlob", False)
     if name == "ConsumeResponse":
         assert ours.pop(4) == (TType.LIST, "timestampList", TType.I64, False)
         assert ours.pop(5) == (TType.I64, "firstIndex", False)
         assert ours.pop(6) == (TType.STRING, "heldBy", False)
         assert ours.pop(7) == (TType.I32, "firstMessage", False)
+        assert ours.pop(8) == (TType.BINARY, "itemBlob", False)
+        assert ours.pop(9) == (TType.BINARY, "itemLengths", False)
     assert ours == theirs
     assert getattr(T, name).default_spec[: len(theirs)] == getattr(original, name).default_spec
 
@@ -509,6 +515,16 @@ def test_original_and_ours_read_each_others_bytes(original: Any, factory: Any) -
         original.ConsumeRequest(), serialize(T.ConsumeRequest(topic="t", withTimestamps=True), factory), factory
     )
     assert request.topic == "t" and not hasattr(request, "withTimestamps")
+    # itemsAsBlob too; a blob reply (our broker's, only when asked) decodes there without its items.
+    request = deserialize(
+        original.ConsumeRequest(), serialize(T.ConsumeRequest(topic="t", itemsAsBlob=True), factory), factory
+    )
+    assert request.topic == "t" and not hasattr(request, "itemsAsBlob")
+    blob = T.ConsumeResponse(
+        result=T.Result(resultCode=0), lastConsumedIndex=1, itemBlob=b"ab", itemLengths=b"\0\0\0\2"
+    )
+    seen = deserialize(original.ConsumeResponse(), serialize(blob, factory), factory)
+    assert seen.itemList is None and seen.lastConsumedIndex == 1 and not hasattr(seen, "itemBlob")
 
 
 # -- round trips -------------------------------------------------------------------------------

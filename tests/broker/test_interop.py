@@ -296,7 +296,7 @@ def drain(consume: Callable[[], Any], enums: Any, limit: int = 10_000) -> tuple[
 
 
 def test_apache_python_generated_code(apache_py: SimpleNamespace) -> None:
-    """The generated code has the original field ids, plus optional fields 5 to 8 (new only)."""
+    """The generated code has the original field ids, plus optional fields 5 to 9 (new only)."""
     new, old = apache_py.new.ttypes, apache_py.old.ttypes
     fields = {spec[2]: spec[0] for spec in new.ConsumeRequest.thrift_spec if spec}
     assert fields == {
@@ -308,6 +308,7 @@ def test_apache_python_generated_code(apache_py: SimpleNamespace) -> None:
         "withTimestamps": 6,
         "fromCommitted": 7,
         "memberId": 8,
+        "itemsAsBlob": 9,
     }
     assert not hasattr(old.ConsumeRequest(), "maxWaitMs")
     assert {spec[2]: spec[0] for spec in new.GetSizeRequest.thrift_spec if spec} == {"topic": 1, "fanoutId": 3}

@@ -17,6 +17,7 @@ from luxun.thrift.wire import (
     ItemBlob,
     consume_one_reply_frame,
     encode_consume_reply,
+    encode_consume_reply_parts,
     encode_produce_reply,
     parse_consume_call,
     parse_produce_call,
@@ -128,6 +129,28 @@ def test_items_as_one_blob_encode_the_same(name: str, view: bool) -> None:
     assert encode_consume_reply(3, as_blob) == reference(3, response)
 
 
+@pytest.mark.parametrize("name", sorted(n for n, r in RESPONSES.items() if r.itemList))
+@pytest.mark.parametrize("view", [False, True], ids=["bytes", "view"])
+def test_items_sent_as_a_blob_are_fields_8_and_9(name: str, view: bool) -> None:
+    """EXTENSION itemsAsBlob: the reply thriftpy2 writes with itemBlob and itemLengths
+    set and itemList unset, the blob's bytes sent as they are (one buffer: not copied)."""
+    response = RESPONSES[name]
+    items = response.itemList
+    data = b"".join(items)
+    blob = ItemBlob(np.array([len(x) for x in items], dtype=np.int64), memoryview(data).toreadonly() if view else data)
+    blob.as_blob = True
+    as_blob = copy.copy(response)
+    as_blob.itemList = blob
+    want = copy.copy(response)
+    want.itemList = None
+    want.itemBlob = data
+    want.itemLengths = b"".join(len(x).to_bytes(4, "big") for x in items)
+    parts = encode_consume_reply_parts(3, as_blob)
+    assert b"".join(parts) == encode_consume_reply(3, as_blob) == reference(3, want)
+    assert len(parts) == 3 and parts[1] is blob.data
+    assert ItemBlob.of(items).to_list() == items
+
+
 def call_bytes(api: str, request: Any, seqid: int, kind: int) -> bytes:
     proto = TCyBinaryProtocol(TCyMemoryBuffer())
     proto.write_message_begin(api, kind, seqid)
@@ -223,6 +246,8 @@ CONSUME_REQUESTS = [
     T.ConsumeRequest(
         topic="a" * 255, fanoutId="b" * 255, startIndex=7, maxFetchSize=1, maxWaitMs=0, withTimestamps=False
     ),
+    T.ConsumeRequest(topic="t", startIndex=3, maxFetchSize=1 << 20, withTimestamps=True, itemsAsBlob=True),
+    T.ConsumeRequest(topic="t", fanoutId="g", itemsAsBlob=False),
 ]
 
 
