@@ -91,30 +91,50 @@ static void put_i64(unsigned char *p, int64_t v) {
     put_i32(p + 4, (uint32_t)(uint64_t)v);
 }
 
-/* Send every byte of iov[0..n) with the interpreter released: 0, or -1 with errno set. */
+/* Advance iov[0..*n) past k bytes sent. */
+static struct iovec *advance(struct iovec *iov, int *n, size_t k) {
+    while (*n > 0 && k >= iov->iov_len) {
+        k -= iov->iov_len;
+        iov++;
+        (*n)--;
+    }
+    if (*n > 0) {
+        iov->iov_base = (char *)iov->iov_base + k;
+        iov->iov_len -= k;
+    }
+    return iov;
+}
+
+static ssize_t send_iov(int fd, struct iovec *iov, int n, int flags) {
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)n;
+    return sendmsg(fd, &msg, MSG_NOSIGNAL | flags);
+}
+
+/* Send every byte of iov[0..n): 0, or -1 with errno set. First without waiting and with
+ * the interpreter held (a small reply fits the socket's buffer: no hand-over of the
+ * interpreter, which other connections' threads would otherwise take in between, each
+ * hand-over a wake-up), then what is left with the interpreter released. */
 static int send_all(int fd, struct iovec *iov, int n) {
+    ssize_t k;
+    do {
+        k = send_iov(fd, iov, n, MSG_DONTWAIT);
+    } while (k < 0 && errno == EINTR);
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+    if (k > 0) iov = advance(iov, &n, (size_t)k);
+    if (n == 0) return 0;
     int rc = 0;
     Py_BEGIN_ALLOW_THREADS
     while (n > 0) {
-        struct msghdr msg;
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = iov;
-        msg.msg_iovlen = (size_t)n;
-        ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        k = send_iov(fd, iov, n, 0);
         if (k < 0) {
             if (errno == EINTR) continue;
             rc = -1;
             break;
         }
-        while (n > 0 && (size_t)k >= iov->iov_len) {
-            k -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (char *)iov->iov_base + k;
-            iov->iov_len -= (size_t)k;
-        }
+        iov = advance(iov, &n, (size_t)k);
     }
     Py_END_ALLOW_THREADS
     return rc;
@@ -402,12 +422,16 @@ static PyObject *serve(PyObject *self, PyObject *args) {
                 break;
             }
             if (call0(hold) < 0) break;
-            Py_BEGIN_ALLOW_THREADS
+            /* poll said the bytes are there: take them with the interpreter held (one
+             * hand-over of it per call, not two). */
             do {
-                n = recv(fd, b, (size_t)buf.len, 0);
+                n = recv(fd, b, (size_t)buf.len, MSG_DONTWAIT);
             } while (n < 0 && errno == EINTR);
-            Py_END_ALLOW_THREADS
             if (n < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK) { /* woken for nothing: wait again */
+                    if (call0(idle) < 0) break;
+                    continue;
+                }
                 PyErr_SetFromErrno(PyExc_OSError);
                 break;
             }
