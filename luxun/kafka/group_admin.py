@@ -62,6 +62,7 @@ class GroupAdmin(GroupRegistry):
                         "error_message": f"group {group_id!r} not found",
                     }
                 return dead
+            self._tick(group, self.clock())  # a session ended by now is over, as Kafka's timer
             stable = group.state is GroupState.STABLE
             return {
                 "error_code": _E.none,
@@ -110,6 +111,9 @@ class GroupAdmin(GroupRegistry):
             return _E.invalid_group_id
         with self._locked(group_id) as group:
             if group is not None:
+                # Sessions whose time is up end now, as Kafka's timers end them at their
+                # deadline, not at the background thread's next pass.
+                self._tick(group, self.clock())
                 if group.state is not GroupState.EMPTY:
                     return _E.non_empty_group
                 self._evict(group)
@@ -132,6 +136,8 @@ class GroupAdmin(GroupRegistry):
             return {"error_code": _E.invalid_group_id, "topics": []}
         with self._locked(group_id) as group:
             subscribed: set[str] = set()
+            if group is not None:
+                self._tick(group, self.clock())
             if group is None or group.state is GroupState.DEAD:
                 if group is not None or not self.offsets.has_offsets(group_id):
                     return {"error_code": _E.group_id_not_found, "topics": []}
