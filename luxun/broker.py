@@ -314,7 +314,9 @@ class Broker:
             abort_check_interval_ms=config.transaction_abort_check_interval_ms,
             max_transactional_ids=config.max_transactional_ids,
             acls=self.kafka_acls,
+            groups=self.kafka_groups,
         )
+        self.kafka_groups.pending_offsets = self.kafka_transactions.pending_offsets
         self.kafka_transactions.recover()  # finishes what a crash interrupted
         scram_users = None
         if self.sasl is None:  # the credential APIs keep SCRAM credentials in the data dir
