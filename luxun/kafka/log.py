@@ -646,20 +646,14 @@ class KafkaLog:
         return self.topics.get(name) or self.topics.open(name)
 
     @staticmethod
-    def _keyless(topic: str, partition: int, batches: Sequence[Any]) -> ProduceResult | None:
-        """A compacted topic's refusal of records without a key, as Kafka's broker answers
-        it (INVALID_RECORD, each such record in ``record_errors``); None if every record
-        has one. Control batches (transaction markers) have keys of their own."""
+    def _keyless(topic: str, partition: int, missing: Sequence[int]) -> ProduceResult:
+        """A compacted topic's refusal of records without a key (``missing``, found by
+        :func:`luxun.records.validate` as it read them), as Kafka's broker answers it:
+        INVALID_RECORD, each such record in ``record_errors``."""
         message = f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
-        for b in batches:
-            if b.control:
-                continue
-            missing = [i for i, r in enumerate(rec.batch_records(b.data)) if r.key is None]
-            if missing:
-                return ProduceResult(
-                    error=rec.INVALID_RECORD, message=message, record_errors=tuple((i, message) for i in missing)
-                )
-        return None
+        return ProduceResult(
+            error=rec.INVALID_RECORD, message=message, record_errors=tuple((i, message) for i in missing)
+        )
 
     def _state(self, name: str) -> _PartitionState:
         state = self._states.get(name)
@@ -686,23 +680,24 @@ class KafkaLog:
         if too_large is not None:
             return too_large
         codec = None if info is None else info.codec
+        # A compacted topic (its own cleanup.policy, else the broker's) needs a key in
+        # every record: validation notes the keyless ones while it reads them.
+        keys = info is not None and (
+            info.compact or (info.compact is None and self.broker_configs is not None and self.broker_configs.compact)
+        )
         try:  # every record read before anything is stored (a few ns per record)
-            if codec is None:
+            if codec is None and not keys:
                 batches = [rec.validate(b) for b in batches]
             else:  # re-encoded where the codec differs: sizes may change (Kafka checks again)
-                batches = [rec.validate(b, codec=codec) for b in batches]
-                too_large = self._too_large(batches, info)
+                batches = [rec.validate(b, codec=codec, keys=keys) for b in batches]
+                too_large = self._too_large(batches, info) if codec is not None else None
                 if too_large is not None:
                     return too_large
+        except rec.KeylessRecords as exc:
+            return self._keyless(topic, partition, exc.records)
         except rec.BatchError as exc:
             errors = () if exc.record is None else ((exc.record, str(exc)),)
             return ProduceResult(error=exc.code, message=str(exc), record_errors=errors)
-        if info is not None and (
-            info.compact or (info.compact is None and self.broker_configs is not None and self.broker_configs.compact)
-        ):
-            keyless = self._keyless(topic, partition, batches)
-            if keyless is not None:
-                return keyless
         for _attempt in range(3):
             part = self._partition(topic, partition)
             if part is None or info is None:
