@@ -21,8 +21,9 @@ So they are checked, kept and shown, and nothing reads them.
 
 They live in ``kafka-group-configs.json`` in the data directory (a JSON object: group
 -> {key -> value}), replaced crash-safely (:func:`luxun.files.replace_file`) on every
-change; a group whose keys are all deleted leaves the file. They are kept when the group
-itself is deleted or expires, as in Kafka 4.0 (they belong to the name).
+change; a group whose keys are all deleted leaves the file. They belong to the name: a
+DeleteGroups or the expiry of the group keeps them (whether Kafka 4.0 drops them with
+the group is not checked here).
 
 Thread-safety: :class:`GroupConfigStore`'s methods may be called from any thread.
 """
