@@ -5,9 +5,11 @@
  * before anything of it is stored, as Kafka's broker does (DefaultRecord.readFrom and
  * LogValidator); in Python that costs about 2 us per record, here a few ns.
  *
- *   check(body, count[, start]) -> int | tuple[int, int, str]
+ *   check(body, count[, start[, keys]]) -> int | tuple[int, tuple[int, ...]] | tuple[int, int, str]
  *       body[start:]: the batch's records, uncompressed (any buffer); count: its recordCount.
- *       Success: the largest timestamp delta of the records (an int).
+ *       Success: the largest timestamp delta of the records (an int); with `keys` true,
+ *       (that delta, the indexes of the records whose key is null), read in the same pass
+ *       (a compacted topic refuses them).
  *       Failure: (Kafka error code, index of the record at fault, message).
  *   values(body, count[, start]) -> bytes | tuple[int, int, str]
  *       The same checks; success: each record's value as an i32 big-endian length and its
@@ -15,12 +17,13 @@
  *       pack as idl.pack.encode_pack_written takes them.
  *
  * Every read is bounds-checked against the record's own length and the body's end;
- * nothing is allocated per record. Thread-safety: pure functions; the GIL is released
+ * nothing is allocated per record (but for a keyless record's index, when asked). Thread-safety: pure functions; the GIL is released
  * while the records are scanned (the buffer is held by the caller for the call).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INVALID_RECORD 87
@@ -84,10 +87,32 @@ static inline int read_varint(const uint8_t **pp, const uint8_t *end, int maxlen
             FAIL("the %s is a varint longer than %d bytes", what, maxlen);    \
     } while (0)
 
+/* The indexes of the records without a key (grown as found; none: nothing allocated). */
+typedef struct {
+    Py_ssize_t *at;
+    Py_ssize_t n, cap;
+    int oom;
+} keyless;
+
+static void note_keyless(keyless *k, Py_ssize_t i) {
+    if (k->n == k->cap) {
+        Py_ssize_t cap = k->cap ? 2 * k->cap : 16;
+        Py_ssize_t *grown = realloc(k->at, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            k->oom = 1;
+            return;
+        }
+        k->at = grown;
+        k->cap = cap;
+    }
+    k->at[k->n++] = i;
+}
+
 /* Scan `count` records of `start[0:size]`. With `out`, append each value (i32 length,
- * bytes) at *out and advance it. Returns 0 (and *max_delta) or -1 with *f filled. */
+ * bytes) at *out and advance it; with `keys`, note the records whose key is null.
+ * Returns 0 (and *max_delta) or -1 with *f filled. */
 static int scan(const uint8_t *start, Py_ssize_t size, Py_ssize_t count, uint8_t **out, int64_t *max_delta,
-                fault *f) {
+                keyless *keys, fault *f) {
     const uint8_t *p = start, *end = start + size;
     int64_t top = INT64_MIN;
     Py_ssize_t i = 0;
@@ -111,6 +136,8 @@ static int scan(const uint8_t *start, Py_ssize_t size, Py_ssize_t count, uint8_t
             FAIL("key length %lld runs past its record", (long long)klen);
         if (klen > 0)
             p += klen;
+        else if (klen == -1 && keys)
+            note_keyless(keys, i);
         VARINT(vlen, 5, rend, "value length");
         if (vlen < -1)
             FAIL("value length %lld", (long long)vlen);
@@ -183,15 +210,44 @@ static int parse(PyObject *args, Py_buffer *view, Py_ssize_t *count) {
 
 static PyObject *check(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t count;
-    if (parse(args, &view, &count) < 0)
+    Py_ssize_t count, start = 0;
+    int want_keys = 0;
+    if (!PyArg_ParseTuple(args, "y*n|np", &view, &count, &start, &want_keys))
         return NULL;
+    if (count < 1 || start < 0 || start > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "record count %zd, start %zd: at least one record, inside the buffer", count,
+                     start);
+        return NULL;
+    }
     fault f = {0};
+    keyless k = {0};
     int64_t top = 0;
     int r;
-    Py_BEGIN_ALLOW_THREADS r = scan((const uint8_t *)view.buf, view.len, count, NULL, &top, &f);
+    Py_BEGIN_ALLOW_THREADS r = scan((const uint8_t *)view.buf + start, view.len - start, count, NULL, &top,
+                                    want_keys ? &k : NULL, &f);
     Py_END_ALLOW_THREADS PyBuffer_Release(&view);
-    return r < 0 ? fault_tuple(&f) : PyLong_FromLongLong(top);
+    if (r < 0) {
+        free(k.at);
+        return fault_tuple(&f);
+    }
+    if (!want_keys)
+        return PyLong_FromLongLong(top);
+    if (k.oom) {
+        free(k.at);
+        return PyErr_NoMemory();
+    }
+    PyObject *at = PyTuple_New(k.n);
+    for (Py_ssize_t j = 0; at && j < k.n; j++) {
+        PyObject *index = PyLong_FromSsize_t(k.at[j]);
+        if (!index) {
+            Py_CLEAR(at);
+            break;
+        }
+        PyTuple_SET_ITEM(at, j, index);
+    }
+    free(k.at);
+    return at ? Py_BuildValue("(LN)", (long long)top, at) : NULL;
 }
 
 static PyObject *values(PyObject *self, PyObject *args) {
@@ -217,7 +273,7 @@ static PyObject *values(PyObject *self, PyObject *args) {
     }
     uint8_t *begin = (uint8_t *)PyBytes_AS_STRING(result), *o = begin;
     int r;
-    Py_BEGIN_ALLOW_THREADS r = scan((const uint8_t *)view.buf, view.len, count, &o, &top, &f);
+    Py_BEGIN_ALLOW_THREADS r = scan((const uint8_t *)view.buf, view.len, count, &o, &top, NULL, &f);
     Py_END_ALLOW_THREADS PyBuffer_Release(&view);
     if (r < 0) {
         Py_DECREF(result);
@@ -229,7 +285,9 @@ static PyObject *values(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"check", check, METH_VARARGS, "check(body, count): the largest timestamp delta, or (code, record, message)."},
+    {"check", check, METH_VARARGS,
+     "check(body, count[, start[, keys]]): the largest timestamp delta (with keys: and the keyless records), "
+     "or (code, record, message)."},
     {"values", values, METH_VARARGS, "values(body, count): the values, length-prefixed, or (code, record, message)."},
     {NULL, NULL, 0, NULL},
 };

@@ -27,11 +27,13 @@ from idl import QueueService
 from .config import BrokerConfig, check_password
 from .dynamic import DynamicBrokerConfigs
 from .kafka.acls import ACL_FILE, Authorizer
+from .kafka.group_configs import GroupConfigStore
 from .kafka.groups import GroupCoordinator
 from .kafka.handlers import KafkaHandler
 from .kafka.log import KafkaLog, remove_interrupted_creations
 from .kafka.sasl import SCRAM_STORE, Authenticator, UserStore
 from .kafka.server import KafkaServer
+from .kafka.topic_configs import BROKER_CONFIGS
 from .kafka.transactions import TransactionCoordinator
 from .metrics import Metrics, MetricsServer
 from .net import OutputBudget, TcpServer
@@ -280,11 +282,18 @@ class Broker:
     def _kafka_door(self, config: BrokerConfig) -> KafkaServer:
         """The Kafka-protocol port over the same topics (see :mod:`luxun.kafka`)."""
         host = config.kafka_host or config.host
+        broker_configs = DynamicBrokerConfigs(
+            config.data_dir,
+            retention_ms=config.retention_hours * 3_600_000 if config.retention_hours > 0 else -1,
+            retention_bytes=config.retention_size_bytes,
+            known=BROKER_CONFIGS,
+        )
         kafka_log = KafkaLog(
             self.topics,
             num_partitions=config.num_partitions,
             delete_enable=config.delete_topic_enable,
             max_message_bytes=config.kafka_message_max_bytes,
+            broker_configs=broker_configs,
         )
         self.kafka_groups = GroupCoordinator(
             self.topics,
@@ -306,7 +315,9 @@ class Broker:
             abort_check_interval_ms=config.transaction_abort_check_interval_ms,
             max_transactional_ids=config.max_transactional_ids,
             acls=self.kafka_acls,
+            groups=self.kafka_groups,
         )
+        self.kafka_groups.pending_offsets = self.kafka_transactions.pending_offsets
         self.kafka_transactions.recover()  # finishes what a crash interrupted
         scram_users = None
         if self.sasl is None:  # the credential APIs keep SCRAM credentials in the data dir
@@ -326,11 +337,8 @@ class Broker:
             acls=self.kafka_acls,
             scram_users=scram_users,
             transactions=self.kafka_transactions,
-            broker_configs=DynamicBrokerConfigs(
-                config.data_dir,
-                retention_ms=config.retention_hours * 3_600_000 if config.retention_hours > 0 else -1,
-                retention_bytes=config.retention_size_bytes,
-            ),
+            broker_configs=broker_configs,
+            group_configs=GroupConfigStore(config.data_dir),
         )
         server = KafkaServer(
             self.kafka_handler,

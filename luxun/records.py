@@ -99,6 +99,7 @@ __all__ = [
     "UNSUPPORTED_COMPRESSION_TYPE",
     "Batch",
     "BatchError",
+    "KeylessRecords",
     "Record",
     "batch_records",
     "batch_to_pack",
@@ -172,6 +173,17 @@ class BatchError(ValueError):
         super().__init__(message)
         self.code = code
         self.record = record
+
+
+class KeylessRecords(BatchError):
+    """Records without a key in a batch whose topic requires one (``cleanup.policy``
+    compact): ``records`` are their indexes (Kafka answers INVALID_RECORD with one
+    ``record_errors`` entry each)."""
+
+    def __init__(self, records: tuple[int, ...]) -> None:
+        shown = ", ".join(map(str, records[:10])) + (", ..." if len(records) > 10 else "")
+        super().__init__(INVALID_RECORD, f"{len(records)} records without a key (records {shown})", records[0])
+        self.records = records
 
 
 class Batch(NamedTuple):
@@ -342,6 +354,7 @@ def validate(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_records: int = DEFAULT_MAX_RECORDS,
     codec: int | None = None,
+    keys: bool = False,
 ) -> Batch:
     """``batch`` (from :func:`split_batches`) checked record by record, as Kafka's broker
     checks a produced batch before storing it (``LogValidator``).
@@ -360,6 +373,10 @@ def validate(
     ``codec``: the topic's ``compression.type`` (None: ``producer``, the batch kept as
     sent). A batch of another codec is returned re-encoded with ``codec`` from the records
     just read (:func:`_recompressed`), as Kafka's ``LogValidator`` does.
+
+    ``keys``: every record needs a key (a compacted topic's): records whose key is null,
+    found in the same reading, raise :class:`KeylessRecords` naming each. A control
+    batch (a transaction marker) is not asked: its records are the broker's.
     """
     count = batch.record_count
     if count > max_records:
@@ -368,12 +385,21 @@ def validate(
         )
     if batch.attributes & _CODEC_MASK == CODEC_NONE:  # the records as they are, read in place
         body = batch.data[HEADER_SIZE:]
-        checked = _check(batch.data, count, HEADER_SIZE)
+        source, start = batch.data, HEADER_SIZE
     else:
         body = _open_batch(batch, max_bytes)[1]
-        checked = _check(body, count)
-    if isinstance(checked, tuple):
-        raise _record_error(checked, count)
+        source, start = body, 0
+    if keys and not batch.control:
+        checked = _check(source, count, start, True)
+        if len(checked) == 3:
+            raise _record_error(checked, count)
+        checked, keyless = checked
+        if keyless:
+            raise KeylessRecords(keyless)
+    else:
+        checked = _check(source, count, start)
+        if isinstance(checked, tuple):
+            raise _record_error(checked, count)
     top = batch.base_timestamp + checked
     if codec is not None and codec != batch.codec and not batch.control:
         return _recompressed(batch, body, codec, batch.max_timestamp if batch.log_append_time else top)
@@ -831,12 +857,20 @@ def _read_records(body: bytes | memoryview, count: int, *, offsets: bool = False
     return out
 
 
-def _check_py(body: bytes | memoryview, count: int, start: int = 0) -> int | tuple[int, int | None, str]:
-    """:func:`luxun._records.check` in Python (where the C module is not built)."""
+def _check_py(
+    body: bytes | memoryview, count: int, start: int = 0, keys: bool = False
+) -> int | tuple[int, tuple[int, ...]] | tuple[int, int | None, str]:
+    """:func:`luxun._records.check` in Python (where the C module is not built): the
+    largest timestamp delta (with ``keys``: and the indexes of the records whose key is
+    null), or ``(code, record, message)``."""
     try:
-        return max(r[0] for r in _read_records(memoryview(body)[start:], count, offsets=True))
+        read = _read_records(memoryview(body)[start:], count, offsets=True)
     except BatchError as exc:
         return exc.code, exc.record, str(exc)
+    top = max(r[0] for r in read)
+    if keys:
+        return top, tuple(i for i, r in enumerate(read) if r[2] is None)
+    return top
 
 
 def _values_py(body: bytes | memoryview, count: int, start: int = 0) -> bytes | tuple[int, int | None, str]:

@@ -149,7 +149,7 @@ _O = Operation
 _SUPPORTED: Final[dict[ResourceType, tuple[Operation, ...]]] = {
     ResourceType.TOPIC: (_O.READ, _O.WRITE, _O.CREATE, _O.DESCRIBE, _O.DELETE, _O.ALTER, _O.DESCRIBE_CONFIGS,
                          _O.ALTER_CONFIGS),
-    ResourceType.GROUP: (_O.READ, _O.DESCRIBE, _O.DELETE),
+    ResourceType.GROUP: (_O.READ, _O.DESCRIBE, _O.DELETE, _O.DESCRIBE_CONFIGS, _O.ALTER_CONFIGS),
     ResourceType.CLUSTER: (_O.CREATE, _O.CLUSTER_ACTION, _O.DESCRIBE_CONFIGS, _O.ALTER_CONFIGS, _O.IDEMPOTENT_WRITE,
                            _O.ALTER, _O.DESCRIBE),
     ResourceType.TRANSACTIONAL_ID: (_O.DESCRIBE, _O.WRITE),

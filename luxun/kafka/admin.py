@@ -1,16 +1,17 @@
 """Answers to Kafka's admin requests on topics and their records: CreatePartitions
 (API 37), the config APIs (DescribeConfigs 32, AlterConfigs 33,
-IncrementalAlterConfigs 44) and DeleteRecords (API 21), for a cluster of one broker
-(this one, leader of every partition). See docs/kafka-admin.md.
+IncrementalAlterConfigs 44: of topics, the broker and groups) and DeleteRecords (API
+21), for a cluster of one broker (this one, leader of every partition). See
+docs/kafka-admin.md.
 
 Each answers per topic (or resource) as Kafka's broker does: a topic named twice in
 one request gets INVALID_REQUEST (one result for it); the others are judged and
 changed on their own. With SASL on, each is checked against the ACLs
 (:mod:`.acls`, docs/kafka-acls.md) as Kafka's KafkaApis checks it: CreatePartitions
 ALTER on the topic, DeleteRecords DELETE on the topic, DescribeConfigs DESCRIBE_CONFIGS
-and the two alter APIs ALTER_CONFIGS on the topic or the cluster (for the broker's
-configs); a refusal is TOPIC_AUTHORIZATION_FAILED (CLUSTER_AUTHORIZATION_FAILED for the
-broker's configs) for that resource.
+and the two alter APIs ALTER_CONFIGS on the topic, the group or the cluster (for the
+broker's configs); a refusal is TOPIC_AUTHORIZATION_FAILED (GROUP_AUTHORIZATION_FAILED,
+CLUSTER_AUTHORIZATION_FAILED) for that resource.
 
 Thread-safety: one instance serves every connection; changes to a topic's settings
 are serialised in :class:`~luxun.kafka.log.KafkaLog`.
@@ -28,6 +29,7 @@ from ..dynamic import DynamicBrokerConfigs
 from ..metrics import Metrics
 from . import protocol as P
 from .acls import CLUSTER_NAME, Authorizer, Operation, ResourceType, allows
+from .group_configs import GROUP_CONFIGS, GroupConfigStore, check_group_configs
 from .log import INVALID_CONFIG, KAFKA_STORAGE_ERROR, NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, TopicInfo
 from .sasl import SaslSession
 from .topic_configs import BROKER_CONFIGS, TOPIC_CONFIGS, ConfigProblem, altered, check_broker_configs
@@ -56,6 +58,9 @@ class KafkaAdmin:
         node_id: this broker's id (the only valid replica).
         metrics: errors are counted per code.
         broker_configs: the broker's dynamic configs (None: none may be set).
+        acls: the authorizer (None: nothing is checked).
+        group_configs: where groups' configs are kept (None: a GROUP resource is
+            INVALID_REQUEST, as a Kafka broker before 4.0 answers).
     """
 
     def __init__(
@@ -66,9 +71,11 @@ class KafkaAdmin:
         metrics: Metrics,
         broker_configs: DynamicBrokerConfigs | None = None,
         acls: Authorizer | None = None,
+        group_configs: GroupConfigStore | None = None,
     ) -> None:
         #: With SASL on, the ACLs; None: nothing is checked.
         self.acls = acls
+        self.group_configs = group_configs
         self.log = kafka_log
         self.broker_configs = broker_configs
         self.node_id = node_id
@@ -175,11 +182,16 @@ class KafkaAdmin:
         }
 
     def _kind(self, r: Any) -> tuple[str | None, str | None]:
-        """``("topic" | "broker", None)``, or ``(None, why)`` for a resource whose configs
-        luxun does not have (INVALID_REQUEST, as Kafka answers a type it lacks)."""
+        """``("topic" | "broker" | "group", None)``, or ``(None, why)`` for a resource
+        whose configs luxun does not have (INVALID_REQUEST, as Kafka answers a type it
+        lacks)."""
         kind = int(r.resource_type)
         if kind == TOPIC:
             return "topic", None
+        if kind == GROUP and self.group_configs is not None:
+            if not r.resource_name:
+                return None, "Group name must not be empty"
+            return "group", None
         if kind == BROKER:
             if r.resource_name not in ("", str(self.node_id)):
                 return (
@@ -187,22 +199,25 @@ class KafkaAdmin:
                     f"Unexpected broker id, expected {self.node_id} or empty string, but received {r.resource_name}",
                 )
             return "broker", None
-        return None, f"Unsupported resource type: {_RESOURCE_NAMES.get(kind, kind)}"
+        return None, f"Unsupported resource type: {_RESOURCE_NAMES.get(kind, 'UNKNOWN')}"
 
     def _config_refusal(self, session: SaslSession | None, op: Operation, kind: str, r: Any) -> tuple[int, str] | None:
-        """``op`` (DESCRIBE_CONFIGS or ALTER_CONFIGS) on a topic's or the broker's (the
-        cluster's) configs: None if allowed, else the error code and message."""
+        """``op`` (DESCRIBE_CONFIGS or ALTER_CONFIGS) on a topic's, a group's or the
+        broker's (the cluster's) configs: None if allowed, else the error code and message."""
         if kind == "topic":
             why = self.refused(session, op, ResourceType.TOPIC, r.resource_name)
             return None if why is None else (TOPIC_AUTHORIZATION_FAILED, why)
+        if kind == "group":
+            why = self.refused(session, op, ResourceType.GROUP, r.resource_name)
+            return None if why is None else (GROUP_AUTHORIZATION_FAILED, why)
         why = self.refused(session, op, ResourceType.CLUSTER, CLUSTER_NAME)
         return None if why is None else (CLUSTER_AUTHORIZATION_FAILED, why)
 
     def describe_configs(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
-        """A topic's configs (:meth:`topic_configs`) or the broker's
-        (:meth:`broker_configs`); UNKNOWN_TOPIC_OR_PARTITION for a topic that does not
-        exist; INVALID_REQUEST for any other resource type (a group's, as Kafka without
-        group configs)."""
+        """A topic's configs (:meth:`topic_configs`), the broker's
+        (:meth:`broker_configs_shown`) or a group's (:meth:`group_configs_shown`, whether
+        the group exists or not, as Kafka 4.0); UNKNOWN_TOPIC_OR_PARTITION for a topic that
+        does not exist; INVALID_REQUEST for any other resource type."""
         results = []
         for r in request.resources:
             kind, why = self._kind(r)
@@ -216,6 +231,8 @@ class KafkaAdmin:
                 answer = self._resource_error(r, refusal[0], refusal[1])
             elif kind == "broker":
                 configs = self.broker_configs_shown(r.resource_name, keys)
+            elif kind == "group":
+                configs = self.group_configs_shown(r.resource_name, keys)
             else:
                 info = self.log.describe(r.resource_name)
                 if info is None:
@@ -242,7 +259,7 @@ class KafkaAdmin:
             if wanted and name not in wanted:
                 continue
             value, source = key.default, _DEFAULT_CONFIG
-            broker_key = {"retention.ms": "log.retention.ms", "retention.bytes": "log.retention.bytes"}.get(name)
+            broker_key = _TOPIC_SYNONYMS.get(name)
             if name in info.configs:
                 value, source = info.configs[name], _TOPIC_CONFIG
             elif name == "message.timestamp.type":
@@ -277,10 +294,25 @@ class KafkaAdmin:
             ("num.partitions", str(self.log.num_partitions), "int"),
             ("auto.create.topics.enable", str(self.log.topics.auto_create).lower(), "boolean"),
             ("delete.topic.enable", str(self.log.delete_enable).lower(), "boolean"),
-            ("log.cleanup.policy", "delete", "list"),
         ):
             out.append(_entry(key, value, _STATIC_BROKER_CONFIG, kind, read_only=True))
         return [e for e in out if not wanted or e["name"] in wanted]
+
+    def group_configs_shown(self, group: str, keys: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """A group's configs for DescribeConfigs: every key of :data:`GROUP_CONFIGS`, the
+        group's own (source GROUP_CONFIG) or Kafka's default (DEFAULT_CONFIG: luxun's
+        broker sets none of Kafka's ``group.consumer.*`` / ``group.share.*`` defaults)."""
+        wanted = set(keys)
+        own = self.group_configs.get(group) if self.group_configs is not None else {}
+        out = []
+        for name, key in GROUP_CONFIGS.items():
+            if wanted and name not in wanted:
+                continue
+            if name in own:
+                out.append(_entry(name, own[name], _GROUP_CONFIG, key.kind))
+            else:
+                out.append(_entry(name, key.default, _DEFAULT_CONFIG, key.kind))
+        return out
 
     def alter_configs(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:
         """AlterConfigs: each resource's configs replaced by the ones given (Kafka's
@@ -295,7 +327,7 @@ class KafkaAdmin:
         twice in one resource is INVALID_REQUEST, as Kafka."""
 
         def change(r: Any, now: Mapping[str, str]) -> list[tuple[str, str | None]]:
-            table = TOPIC_CONFIGS if int(r.resource_type) == TOPIC else BROKER_CONFIGS
+            table = {TOPIC: TOPIC_CONFIGS, GROUP: GROUP_CONFIGS}.get(int(r.resource_type), BROKER_CONFIGS)
             return altered(now, [(c.name, int(c.config_operation), c.value) for c in r.configs], table)
 
         return self._alter(request, header, session, change)
@@ -332,6 +364,8 @@ class KafkaAdmin:
                     )
                 except ConfigProblem as exc:
                     code, message = INVALID_CONFIG, str(exc)
+            elif kind == "group":
+                code, message = self._alter_group(r, change, request.validate_only)
             else:
                 code, message = self._alter_broker(r, change, request.validate_only)
             answers.append(self._resource_error(r, code, message))
@@ -356,6 +390,31 @@ class KafkaAdmin:
             return KAFKA_STORAGE_ERROR, f"cannot keep the broker configs: {exc}"
         return NONE, None
 
+    def _alter_group(
+        self, r: Any, change: Callable[[Any, Mapping[str, str]], list[tuple[str, str | None]]], validate_only: bool
+    ) -> tuple[int, str | None]:
+        store = self.group_configs
+        assert store is not None  # else _kind refused the resource
+        try:
+            kept = check_group_configs(change(r, store.get(r.resource_name)))
+        except ConfigProblem as exc:
+            return INVALID_CONFIG, str(exc)
+        if validate_only:
+            return NONE, None
+        try:
+            store.replace(r.resource_name, kept)
+        except OSError as exc:
+            log.warning("cannot keep the configs of group %r: %s", r.resource_name, exc)
+            return KAFKA_STORAGE_ERROR, f"cannot keep the group configs: {exc}"
+        return NONE, None
+
+
+#: A topic key's broker-wide synonym, where luxun's broker has one.
+_TOPIC_SYNONYMS: Final = {
+    "retention.ms": "log.retention.ms",
+    "retention.bytes": "log.retention.bytes",
+    "cleanup.policy": "log.cleanup.policy",
+}
 
 #: DescribeConfigs' config sources and Kafka's resource types.
 _TOPIC_CONFIG: Final = 1
@@ -363,13 +422,14 @@ _DYNAMIC_BROKER_CONFIG: Final = 2
 _DYNAMIC_DEFAULT_BROKER_CONFIG: Final = 3
 _STATIC_BROKER_CONFIG: Final = 4
 _DEFAULT_CONFIG: Final = 5
+_GROUP_CONFIG: Final = 8
 TOPIC: Final = 2
 BROKER: Final = 4
+GROUP: Final = 32
 _RESOURCE_NAMES: Final = {
     0: "UNKNOWN",
     1: "ANY",
     2: "TOPIC",
-    3: "GROUP",
     4: "BROKER",
     8: "BROKER_LOGGER",
     16: "CLIENT_METRICS",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -35,6 +35,11 @@ class GroupAdmin(GroupRegistry):
 
     def _forget_empty(self, group_id: str) -> None:
         raise NotImplementedError
+
+    #: The transaction coordinator's pending offsets of a group (its
+    #: ``pending_offsets``): OffsetFetch v7+ with ``require_stable`` answers
+    #: UNSTABLE_OFFSET_COMMIT for them. None: no transactions.
+    pending_offsets: Callable[[str], Collection[tuple[str, int]]] | None = None
 
     # -- DescribeGroups, ListGroups, DeleteGroups ------------------------------------------------
     def _describe_groups(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
@@ -62,6 +67,7 @@ class GroupAdmin(GroupRegistry):
                         "error_message": f"group {group_id!r} not found",
                     }
                 return dead
+            self._tick(group, self.clock())  # a session ended by now is over, as Kafka's timer
             stable = group.state is GroupState.STABLE
             return {
                 "error_code": _E.none,
@@ -110,6 +116,9 @@ class GroupAdmin(GroupRegistry):
             return _E.invalid_group_id
         with self._locked(group_id) as group:
             if group is not None:
+                # Sessions whose time is up end now, as Kafka's timers end them at their
+                # deadline, not at the background thread's next pass.
+                self._tick(group, self.clock())
                 if group.state is not GroupState.EMPTY:
                     return _E.non_empty_group
                 self._evict(group)
@@ -132,6 +141,8 @@ class GroupAdmin(GroupRegistry):
             return {"error_code": _E.invalid_group_id, "topics": []}
         with self._locked(group_id) as group:
             subscribed: set[str] = set()
+            if group is not None:
+                self._tick(group, self.clock())
             if group is None or group.state is GroupState.DEAD:
                 if group is not None or not self.offsets.has_offsets(group_id):
                     return {"error_code": _E.group_id_not_found, "topics": []}
@@ -192,6 +203,38 @@ class GroupAdmin(GroupRegistry):
             # stored under the group's lock, as Kafka does: no rebalance in between
             return self._commit_answers(request, group_id, error)
 
+    def check_txn_offset_commit(
+        self, group_id: str, member_id: str, instance_id: str | None, generation: int
+    ) -> ErrorCode | None:
+        """The error of a TxnOffsetCommit v3+ (KIP-447) from a producer acting for a
+        member of ``group_id``, as Kafka's coordinator judges it (None: it may commit):
+        an unknown group with a generation: ILLEGAL_GENERATION (an unknown group
+        without one: a simple consumer's, accepted); a group instance id that is not
+        the group's: UNKNOWN_MEMBER_ID, or FENCED_INSTANCE_ID when another member holds
+        it; an unknown member: UNKNOWN_MEMBER_ID; another generation: ILLEGAL_GENERATION.
+        Unlike OffsetCommit, no generation at all is accepted from a group with members
+        (older producers send none) and a group completing a rebalance is no refusal."""
+        with self._locked(group_id) as group:
+            if group is None:
+                return None if generation < 0 else _E.illegal_generation
+            self._tick(group, self.clock())
+            if group.state is GroupState.DEAD:
+                return _E.coordinator_not_available
+            if generation < 0 and group.state is GroupState.EMPTY:
+                return None
+            if generation >= 0 or member_id or instance_id is not None:
+                if instance_id is not None:
+                    holder = group.static.get(instance_id)
+                    if holder is None:
+                        return _E.unknown_member_id
+                    if holder != member_id:
+                        return _E.fenced_instance_id
+                elif member_id not in group.members:
+                    return _E.unknown_member_id
+                if generation != group.generation:
+                    return _E.illegal_generation
+            return None
+
     def _commit_answers(self, request: Any, group_id: str, error: ErrorCode | None) -> dict[str, Any]:
         """Store every partition's offset (or answer ``error`` for each)."""
 
@@ -216,16 +259,20 @@ class GroupAdmin(GroupRegistry):
         }
 
     def _offset_fetch(self, request: Any, version: int, client_id: str, client_host: str) -> dict[str, Any]:
+        stable = version >= 7 and bool(request.require_stable)
         if version >= 8:
-            return {"groups": [self._fetch_group(g.group_id, g.topics) for g in request.groups]}
-        answer = self._fetch_group(request.group_id, request.topics)
+            return {"groups": [self._fetch_group(g.group_id, g.topics, stable) for g in request.groups]}
+        answer = self._fetch_group(request.group_id, request.topics, stable)
         if version < 2 and answer["error_code"] != _E.none:  # v1: no top-level code; in every partition
             for t in answer["topics"]:
                 for p in t["partitions"]:
                     p["error_code"] = answer["error_code"]
         return answer
 
-    def _fetch_group(self, group_id: str, topics: Iterable[Any] | None) -> dict[str, Any]:
+    def _fetch_group(self, group_id: str, topics: Iterable[Any] | None, stable: bool = False) -> dict[str, Any]:
+        """One group's committed offsets; with ``stable`` (require_stable), a partition
+        whose offset an open transaction holds is UNSTABLE_OFFSET_COMMIT, as Kafka
+        answers it (the client asks again after the transaction ends)."""
         if not valid_group_id(group_id):
             wanted = [(t.name, list(t.partition_indexes)) for t in topics or ()]
             return {
@@ -245,9 +292,13 @@ class GroupAdmin(GroupRegistry):
             wanted = [(t.name, list(t.partition_indexes)) for t in topics]
         out = []
         group_error = _E.none
+        unstable = self.pending_offsets(group_id) if stable and self.pending_offsets is not None else ()
         for name, parts in wanted:
             rows = []
             for p in parts:
+                if (name, p) in unstable:
+                    rows.append(_fetched(p, -1, "", _E.unstable_offset_commit))
+                    continue
                 offset, metadata, code, epoch = self.offsets.fetch(group_id, name, p)
                 rows.append(_fetched(p, offset, metadata, code, epoch))
                 if code is _E.group_authorization_failed:  # read by Thrift consumers (docs/groups.md)

@@ -54,6 +54,7 @@ from .acl_apis import SecurityApis
 from .acls import ALL_OPERATIONS, CLUSTER_NAME, NO_AUTHORIZED_OPERATIONS, Authorizer, Operation, ResourceType, allows
 from .admin import KafkaAdmin
 from .group_acls import GroupAcls
+from .group_configs import GroupConfigStore
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
 from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
 from .sasl import AuthenticationFailed, Authenticator, SaslSession, UserStore
@@ -167,6 +168,8 @@ class KafkaHandler:
             None: transactional producers are refused (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
         broker_configs: the broker configs Kafka clients may change (the admin APIs,
             :mod:`luxun.kafka.admin`); None: none.
+        group_configs: where groups' configs are kept (Kafka 4.0's group configs,
+            :mod:`luxun.kafka.group_configs`); None: a GROUP resource is INVALID_REQUEST.
     """
 
     def __init__(
@@ -185,6 +188,7 @@ class KafkaHandler:
         scram_users: UserStore | None = None,
         transactions: Any = None,
         broker_configs: DynamicBrokerConfigs | None = None,
+        group_configs: GroupConfigStore | None = None,
     ) -> None:
         self.log = kafka_log
         self.metrics = metrics or Metrics()
@@ -236,7 +240,12 @@ class KafkaHandler:
         #: The broker configs Kafka clients may change (AlterConfigs); None: none.
         self.broker_configs = broker_configs
         self.admin = KafkaAdmin(
-            kafka_log, node_id=node_id, metrics=self.metrics, broker_configs=broker_configs, acls=self.acls
+            kafka_log,
+            node_id=node_id,
+            metrics=self.metrics,
+            broker_configs=broker_configs,
+            acls=self.acls,
+            group_configs=group_configs,
         )
         self._methods[CREATE_PARTITIONS] = self.admin.create_partitions
         self._methods[DELETE_RECORDS] = self.admin.delete_records

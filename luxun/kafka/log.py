@@ -66,6 +66,7 @@ from bigarray import ArrayClosedError, IndexOutOfRangeError, InvalidNameError, I
 from bigarray import format as fmt
 
 from .. import records as rec
+from ..dynamic import DynamicBrokerConfigs, cleanup_policy
 from ..files import replace_file
 from ..logs import RateLimitedLog
 from ..partitions import KIND_KAFKA_BATCH, PARTITION_SEPARATOR, partition_of, partition_topic
@@ -150,8 +151,9 @@ class TopicInfo:
     max_message_bytes: int | None = None
     #: The codec of its ``compression.type`` (None: ``producer``, batches kept as sent).
     codec: int | None = None
-    #: Its ``cleanup.policy`` names ``compact``: every record needs a key.
-    compact: bool = False
+    #: Its ``cleanup.policy`` names ``compact``: every record needs a key (None: it has
+    #: none of its own, the broker's ``log.cleanup.policy`` applies).
+    compact: bool | None = None
 
 
 @dataclass
@@ -228,8 +230,12 @@ class KafkaLog:
         num_partitions: int = 1,
         delete_enable: bool = False,
         max_message_bytes: int = 1 << 20,
+        broker_configs: DynamicBrokerConfigs | None = None,
     ) -> None:
         self.topics = topics
+        #: The broker's configs set at run time: its ``log.cleanup.policy`` applies to
+        #: topics without a ``cleanup.policy`` of their own (None: Kafka's default, delete).
+        self.broker_configs = broker_configs
         self.num_partitions = num_partitions
         self.delete_enable = delete_enable
         self.max_message_bytes = max_message_bytes
@@ -289,7 +295,7 @@ class KafkaLog:
             kept,
             int(kept["max.message.bytes"]) if "max.message.bytes" in kept else None,
             _CODECS.get(kept.get("compression.type", "producer")),
-            "compact" in (v.strip() for v in kept.get("cleanup.policy", "delete").split(",")),
+            ("compact" in cleanup_policy(kept["cleanup.policy"])) if "cleanup.policy" in kept else None,
         )
         with self._infos_lock:
             self._infos[topic] = info
@@ -587,14 +593,20 @@ class KafkaLog:
         """``retention.ms`` and ``retention.bytes`` given at the creation of the Kafka
         topic whose partition is the luxun topic ``name`` (None: not given; the broker's
         settings apply). For :class:`~luxun.retention.Maintenance` (``topic_overrides``).
-        A topic whose ``cleanup.policy`` is ``compact`` alone keeps everything (-1, -1):
-        luxun does not compact, and deleting by age or size would lose the last value of
-        a key, which a compacted topic keeps."""
+        A topic whose ``cleanup.policy`` (its own, else the broker's ``log.cleanup.policy``)
+        is ``compact`` alone keeps everything (-1, -1): luxun does not compact, and
+        deleting by age or size would lose the last value of a key, which a compacted
+        topic keeps."""
         topic = partition_of(name)[0]
         info = self._infos.get(topic) or self.describe(topic)
-        if info is None or not info.configs:
+        if info is None:
             return None, None
-        policy = {v.strip() for v in info.configs.get("cleanup.policy", "delete").split(",")}
+        if "cleanup.policy" in info.configs:
+            policy = cleanup_policy(info.configs["cleanup.policy"])
+        elif self.broker_configs is not None:
+            policy = self.broker_configs.cleanup_policy()
+        else:
+            policy = frozenset(("delete",))
         if policy == {"compact"}:
             return -1, -1
         ms, size = info.configs.get("retention.ms"), info.configs.get("retention.bytes")
@@ -634,20 +646,14 @@ class KafkaLog:
         return self.topics.get(name) or self.topics.open(name)
 
     @staticmethod
-    def _keyless(topic: str, partition: int, batches: Sequence[Any]) -> ProduceResult | None:
-        """A compacted topic's refusal of records without a key, as Kafka's broker answers
-        it (INVALID_RECORD, each such record in ``record_errors``); None if every record
-        has one. Control batches (transaction markers) have keys of their own."""
+    def _keyless(topic: str, partition: int, missing: Sequence[int]) -> ProduceResult:
+        """A compacted topic's refusal of records without a key (``missing``, found by
+        :func:`luxun.records.validate` as it read them), as Kafka's broker answers it:
+        INVALID_RECORD, each such record in ``record_errors``."""
         message = f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
-        for b in batches:
-            if b.control:
-                continue
-            missing = [i for i, r in enumerate(rec.batch_records(b.data)) if r.key is None]
-            if missing:
-                return ProduceResult(
-                    error=rec.INVALID_RECORD, message=message, record_errors=tuple((i, message) for i in missing)
-                )
-        return None
+        return ProduceResult(
+            error=rec.INVALID_RECORD, message=message, record_errors=tuple((i, message) for i in missing)
+        )
 
     def _state(self, name: str) -> _PartitionState:
         state = self._states.get(name)
@@ -674,21 +680,24 @@ class KafkaLog:
         if too_large is not None:
             return too_large
         codec = None if info is None else info.codec
+        # A compacted topic (its own cleanup.policy, else the broker's) needs a key in
+        # every record: validation notes the keyless ones while it reads them.
+        keys = info is not None and (
+            info.compact or (info.compact is None and self.broker_configs is not None and self.broker_configs.compact)
+        )
         try:  # every record read before anything is stored (a few ns per record)
-            if codec is None:
+            if codec is None and not keys:
                 batches = [rec.validate(b) for b in batches]
             else:  # re-encoded where the codec differs: sizes may change (Kafka checks again)
-                batches = [rec.validate(b, codec=codec) for b in batches]
-                too_large = self._too_large(batches, info)
+                batches = [rec.validate(b, codec=codec, keys=keys) for b in batches]
+                too_large = self._too_large(batches, info) if codec is not None else None
                 if too_large is not None:
                     return too_large
+        except rec.KeylessRecords as exc:
+            return self._keyless(topic, partition, exc.records)
         except rec.BatchError as exc:
             errors = () if exc.record is None else ((exc.record, str(exc)),)
             return ProduceResult(error=exc.code, message=str(exc), record_errors=errors)
-        if info is not None and info.compact:
-            keyless = self._keyless(topic, partition, batches)
-            if keyless is not None:
-                return keyless
         for _attempt in range(3):
             part = self._partition(topic, partition)
             if part is None or info is None:

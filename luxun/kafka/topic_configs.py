@@ -47,6 +47,7 @@ __all__ = [
     "altered",
     "check_broker_configs",
     "check_topic_configs",
+    "parsed_value",
 ]
 
 INT32_MIN: Final = -(1 << 31)
@@ -280,6 +281,8 @@ BROKER_CONFIGS: Final[Mapping[str, TopicConfig]] = {
     for c in (
         TopicConfig("log.retention.ms", "long", "604800000", HONOURED, lo=-1),
         TopicConfig("log.retention.bytes", "long", "-1", HONOURED),
+        # The cleanup.policy of topics without their own (luxun.dynamic).
+        TopicConfig("log.cleanup.policy", "list", "delete", HONOURED, choices=("compact", "delete")),
         # Dynamic in Kafka, and of no effect on one broker without Kerberos, compaction,
         # replication or Kafka's thread pools: accepted and kept, as the topic keys of
         # that kind are.
@@ -324,12 +327,21 @@ def check_broker_configs(configs: Iterable[tuple[str, str | None]]) -> dict[str,
             raise ConfigProblem(f"Broker config {name} is given more than once")
         if raw is None:
             raise ConfigProblem(f"Null value not supported for broker configs: {name}")
-        try:
-            _parse(key, raw)
-        except ValueError as exc:
-            raise ConfigProblem(f"Invalid value {raw} for configuration {name}: {exc}") from None
+        parsed_value(key, raw)
         kept[name] = raw.strip()
     return kept
+
+
+def parsed_value(key: TopicConfig, raw: str) -> object:
+    """``raw`` parsed and range-checked for ``key`` as Kafka's ``ConfigDef`` does.
+
+    Raises:
+        ConfigProblem: in Kafka's words ("Invalid value x for configuration y: ...").
+    """
+    try:
+        return _parse(key, raw)
+    except ValueError as exc:
+        raise ConfigProblem(f"Invalid value {raw} for configuration {key.name}: {exc}") from None
 
 
 def altered(

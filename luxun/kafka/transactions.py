@@ -239,6 +239,10 @@ class TransactionCoordinator:
         abort_check_interval_ms: how often timed-out transactions are looked for.
         max_transactional_ids: the most transactional ids kept.
         clock: wall-clock seconds (the state file keeps times across restarts).
+        acls: the authorizer (None: nothing is checked).
+        groups: the group coordinator, whose ``check_txn_offset_commit`` judges a
+            TxnOffsetCommit v3+'s generation, member id and group instance id (KIP-447);
+            None: not checked.
     """
 
     #: API key -> (min, max) version answered (InitProducerId is the handler's, which
@@ -262,9 +266,11 @@ class TransactionCoordinator:
         max_transactional_ids: int = DEFAULT_MAX_TRANSACTIONAL_IDS,
         clock: Callable[[], float] = time.time,
         acls: Authorizer | None = None,
+        groups: Any = None,
     ) -> None:
         #: With SASL on, the ACLs: a transactional id needs WRITE on its TRANSACTIONAL_ID.
         self.acls = acls
+        self.groups = groups
         self.log = kafka_log
         self.offsets = offsets
         self.max_timeout_ms = max_timeout_ms
@@ -278,6 +284,12 @@ class TransactionCoordinator:
         #: -> (epoch, partitions) of its Ongoing transaction.
         self._epochs: dict[int, int] = {}
         self._ongoing: dict[int, tuple[int, frozenset[str]]] = {}
+        #: The offsets of open transactions not yet committed (KIP-447's pending offsets):
+        #: group -> (topic, partition) -> the transactional ids holding one, and each
+        #: id's entries; kept by :meth:`_persist`, read by OffsetFetch's require_stable.
+        self._pending_lock = threading.Lock()
+        self._pending: dict[str, dict[tuple[str, int], set[str]]] = {}
+        self._pending_of: dict[str, set[tuple[str, str, int]]] = {}
         self._state = _StateLog(os.path.join(data_dir, STATE_FILE))
         self._handlers: dict[int, Callable[[Any, int, Any], dict[str, Any]]] = {
             INIT_PRODUCER_ID: self._init_producer_id,
@@ -301,6 +313,7 @@ class TransactionCoordinator:
                 continue
             self._txns[txn.tid] = txn
             self._epochs[txn.producer_id] = txn.epoch
+            self._index_pending(txn)
         finished = 0
         for txn in list(self._txns.values()):
             with txn.lock:
@@ -386,6 +399,35 @@ class TransactionCoordinator:
     def _persist(self, txn: _Txn) -> None:
         txn.used_ms = self._now_ms()
         self._state.write(txn.tid, txn.line())
+        self._index_pending(txn)
+
+    def _index_pending(self, txn: _Txn) -> None:
+        """Make the pending-offsets index hold what ``txn`` holds (its lock held)."""
+        now = {(g, t, p) for g, pending in txn.offsets.items() for (t, p) in pending}
+        with self._pending_lock:
+            before = self._pending_of.get(txn.tid, set())
+            if now == before:
+                return
+            for g, t, p in before - now:
+                holders = self._pending[g][(t, p)]
+                holders.discard(txn.tid)
+                if not holders:
+                    del self._pending[g][(t, p)]
+                    if not self._pending[g]:
+                        del self._pending[g]
+            for g, t, p in now - before:
+                self._pending.setdefault(g, {}).setdefault((t, p), set()).add(txn.tid)
+            if now:
+                self._pending_of[txn.tid] = now
+            else:
+                self._pending_of.pop(txn.tid, None)
+
+    def pending_offsets(self, group: str) -> frozenset[tuple[str, int]]:
+        """The ``(topic, partition)`` of ``group`` with an offset in an open transaction
+        (TxnOffsetCommit'ed, not yet committed or aborted): OffsetFetch with
+        ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for them, as Kafka."""
+        with self._pending_lock:
+            return frozenset(self._pending.get(group, ()))
 
     def _publish(self, txn: _Txn) -> None:
         """Make the produce path's view of ``txn`` what its state says."""
@@ -566,6 +608,17 @@ class TransactionCoordinator:
                 pending = txn.offsets.get(request.group_id)
                 if txn.state != ONGOING or pending is None:  # AddOffsetsToTxn first
                     raise _Refused(_E.invalid_txn_state)
+                if version >= 3 and self.groups is not None:  # KIP-447: the group's member?
+                    refusal = self.groups.check_txn_offset_commit(
+                        request.group_id, request.member_id, request.group_instance_id, request.generation_id
+                    )
+                    if refusal is not None:
+                        log.info(
+                            "TxnOffsetCommit of %r to group %r (member %r, instance %r, generation %d): %s",
+                            txn.tid, request.group_id, request.member_id, request.group_instance_id,
+                            request.generation_id, refusal.name,
+                        )  # fmt: skip
+                        raise _Refused(refusal)
                 for topic, p in wanted:
                     meta = p.committed_metadata
                     if not self._may(session, Operation.READ, ResourceType.TOPIC, topic):

@@ -426,13 +426,16 @@ def test_a_transactional_id_needs_write_on_it(acl_broker: BrokerProcess) -> None
     _create_acls(alice, _binding(tid, "User:bob", AclOperation.WRITE, rtype=ResourceType.TRANSACTIONAL_ID))
     producer = Producer(settings)
     producer.init_transactions(15)
-    _create_topic(alice, "txn-acl-other")  # bob may not WRITE it: AddPartitionsToTxn refuses it
+    # bob may not see this topic: Metadata answers TOPIC_AUTHORIZATION_FAILED for it, and his
+    # client fails the record, in produce() itself when that answer came first (a race
+    # between the client's threads), else in its delivery report; the transaction aborts.
+    _create_topic(alice, "txn-acl-other")
     producer.begin_transaction()
     errors: list[Any] = []
     try:
         producer.produce("txn-acl-other", b"not allowed", on_delivery=lambda err, msg: errors.append(err))
-    except KafkaException as exc:  # librdkafka already had the topic's refusal from a metadata reply
-        errors.append(exc.args[0])
+    except KafkaException as refused_now:
+        errors.append(refused_now.args[0])
     else:
         with pytest.raises(KafkaException):
             producer.commit_transaction(15)

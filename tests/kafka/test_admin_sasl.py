@@ -91,3 +91,54 @@ def test_only_admins_delete_group_offsets(sasl_broker: BrokerProcess) -> None:  
         assert bob.call(body).error_code == 30  # GROUP_AUTHORIZATION_FAILED
     with _login(sasl_broker.kafka_port, ALICE) as alice:
         assert alice.call(body).error_code == 69  # GROUP_ID_NOT_FOUND: it got to the coordinator
+
+
+def test_group_configs_need_the_configs_acls_on_the_group(sasl_broker: BrokerProcess) -> None:  # noqa: F811
+    """Kafka 4.0 checks DESCRIBE_CONFIGS and ALTER_CONFIGS on the GROUP resource for a
+    group's configs: bob (READ on every group) gets GROUP_AUTHORIZATION_FAILED and
+    nothing changes; granted ALTER_CONFIGS on the group (which implies
+    DESCRIBE_CONFIGS), he may; an admin always may. A group's authorized operations
+    include the two, as Kafka 4.0 answers them."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    alice = AdminClient(_confluent(sasl_broker, "SCRAM-SHA-256", ALICE))
+    bob = AdminClient(_confluent(sasl_broker, "SCRAM-SHA-256", BOB))
+    entry = ConfigEntry("consumer.session.timeout.ms", "50000", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource("group", "tuned-acl", incremental_configs=[entry])
+    (altered,) = bob.incremental_alter_configs([resource], request_timeout=10).values()
+    assert _error(altered) == "GROUP_AUTHORIZATION_FAILED"
+    (described,) = bob.describe_configs([ConfigResource("group", "tuned-acl")], request_timeout=10).values()
+    assert _error(described) == "GROUP_AUTHORIZATION_FAILED"
+    (described,) = alice.describe_configs([ConfigResource("group", "tuned-acl")], request_timeout=10).values()
+    assert described.result(10)["consumer.session.timeout.ms"].value == "45000"  # nothing changed
+    done = _kafka_acl(
+        sasl_broker.data_dir, "add", "--principal", "User:bob", "--group", "tuned-acl", "--operation", "ALTER_CONFIGS"
+    )
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 10  # the broker picks the file's change up within a second
+    while True:
+        (altered,) = bob.incremental_alter_configs([resource], request_timeout=10).values()
+        try:
+            altered.result(10)
+            break
+        except KafkaException:
+            assert time.monotonic() < deadline, "bob's ALTER_CONFIGS ACL did not take effect"
+            time.sleep(0.2)
+    (described,) = bob.describe_configs([ConfigResource("group", "tuned-acl")], request_timeout=10).values()
+    assert described.result(10)["consumer.session.timeout.ms"].value == "50000"
+    with _login(sasl_broker.kafka_port, ALICE) as raw:
+        operations = _group_operations(raw, "tuned-acl")
+    assert operations == {"READ", "DESCRIBE", "DELETE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"}
+
+
+def _group_operations(raw: object, group: str) -> set[str]:
+    """The authorized operations DescribeGroups v5 answers for ``group``."""
+    import kio.schema.describe_groups.v5.request as schema
+
+    from luxun.kafka.acls import Operation
+
+    body = schema.DescribeGroupsRequest(groups=(group,), include_authorized_operations=True)
+    (described,) = raw.call(body).groups  # type: ignore[attr-defined]
+    bits = int(described.authorized_operations)
+    return {op.name for op in Operation if op.value < 32 and bits & (1 << op.value)}

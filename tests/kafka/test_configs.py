@@ -1,13 +1,15 @@
 """DescribeConfigs, AlterConfigs and IncrementalAlterConfigs of topics and the broker
 with confluent-kafka's and kafka-python's admin clients: the keys luxun honours take
 effect at once and survive a SIGKILL and restart (topics in kafka.json, the broker in
-kafka-broker-configs.json); other keys and values are refused with INVALID_CONFIG and
-change nothing; a group's configs are INVALID_REQUEST, as Kafka without group configs.
-Issue 32, item 2."""
+kafka-broker-configs.json, groups in kafka-group-configs.json); other keys and values
+are refused with INVALID_CONFIG and change nothing. Groups have Kafka 4.0's group
+configs (KIP-848), checked as Kafka checks them; the broker's log.cleanup.policy is the
+cleanup.policy of topics without their own. Issue 32, item 2."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import signal
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning"),  # it is what we test
 ]
 
+INVALID_RECORD = 87
 INVALID_REQUEST = 42
 TOPIC, BROKER, GROUP = 2, 4, 32
 
@@ -193,13 +196,141 @@ def _raw_describe(broker: BrokerProcess, kind: int, name: str, version: int = 4)
         return raw.call(body).results[0]
 
 
-def test_a_groups_configs_are_an_invalid_request(broker: BrokerProcess) -> None:
-    for kind in (GROUP, 3):
-        result = _raw_describe(broker, kind, "some-group")
-        assert result.error_code == INVALID_REQUEST
-        assert result.error_message == "Unsupported resource type: GROUP"
+def test_unknown_resources_are_an_invalid_request(broker: BrokerProcess) -> None:
+    result = _raw_describe(broker, 3, "some-group")  # ACL's GROUP code, no config resource type
+    assert (result.error_code, result.error_message) == (INVALID_REQUEST, "Unsupported resource type: UNKNOWN")
+    result = _raw_describe(broker, GROUP, "")
+    assert (result.error_code, result.error_message) == (INVALID_REQUEST, "Group name must not be empty")
     assert _raw_describe(broker, BROKER, "7").error_code == INVALID_REQUEST  # another broker's
     assert _raw_describe(broker, BROKER, "0", version=1).error_code == 0
+    assert _raw_describe(broker, GROUP, "any-group", version=1).error_code == 0
+
+
+GROUP_DEFAULTS = {
+    "consumer.session.timeout.ms": "45000",
+    "consumer.heartbeat.interval.ms": "5000",
+    "share.session.timeout.ms": "45000",
+    "share.heartbeat.interval.ms": "5000",
+    "share.record.lock.duration.ms": "30000",
+    "share.auto.offset.reset": "latest",
+}
+
+
+def test_group_configs_are_checked_kept_and_described_as_kafka_4(tmp_path: Path) -> None:
+    """A group (existing or not: Kafka 4.0 keeps configs by name) shows Kafka's six group
+    keys at their defaults; a value set by IncrementalAlterConfigs or AlterConfigs is
+    shown as GROUP_CONFIG and survives a SIGKILL; values outside the broker's bounds
+    (group.consumer.min/max.session.timeout.ms...), unknown keys and bad values are
+    INVALID_CONFIG in Kafka's words and change nothing; DELETE goes back to the default."""
+    from confluent_kafka.admin import ConfigSource
+
+    group_source, default = ConfigSource.GROUP_CONFIG.value, ConfigSource.DEFAULT_CONFIG.value
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        admin = _admin(broker)
+        assert _describe(admin, "group", "tuned") == {k: (v, default) for k, v in GROUP_DEFAULTS.items()}
+        _incremental(admin, "group", "tuned", ("consumer.session.timeout.ms", "SET", "50000"), validate_only=True)
+        assert _describe(admin, "group", "tuned")["consumer.session.timeout.ms"] == ("45000", default)
+        _incremental(admin, "group", "tuned", ("consumer.session.timeout.ms", "SET", "50000"))
+        _incremental(admin, "group", "tuned", ("share.auto.offset.reset", "SET", "earliest"))
+        for ops, message in (
+            (("consumer.session.timeout.ms", "SET", "70000"),
+             "consumer.session.timeout.ms must be less than or equal to group.consumer.max.session.timeout.ms"),
+            (("consumer.heartbeat.interval.ms", "SET", "4000"),
+             "consumer.heartbeat.interval.ms must be greater than or equal to group.consumer.min.heartbeat"),
+            (("share.record.lock.duration.ms", "SET", "999"),
+             "Invalid value 999 for configuration share.record.lock.duration.ms: Value must be at least 1000"),
+            (("share.auto.offset.reset", "SET", "middle"),
+             "Invalid value middle for configuration share.auto.offset.reset: String must be one of: latest, earliest"),
+            (("session.timeout.ms", "SET", "50000"), "Unknown group config name: session.timeout.ms"),
+            (("consumer.session.timeout.ms", "APPEND", "1"),
+             "Config value append is not allowed for config key: consumer.session.timeout.ms"),
+        ):  # fmt: skip
+            name, said = _refused(_incremental, admin, "group", "tuned", ops)
+            assert name == "INVALID_CONFIG" and said.startswith(message), said
+        name, said = _refused(
+            _alter, admin, "group", "tuned",
+            {"consumer.session.timeout.ms": "46000", "consumer.heartbeat.interval.ms": "16000"},
+        )  # fmt: skip
+        assert (name, said) == (
+            "INVALID_CONFIG",
+            "consumer.heartbeat.interval.ms must be less than or equal to group.consumer.max.heartbeat.interval.ms"
+            " (15000 on this broker)",
+        )
+        assert _describe(admin, "group", "tuned")["consumer.session.timeout.ms"] == ("50000", group_source)
+        _alter(admin, "group", "other", {"consumer.heartbeat.interval.ms": "6000"})
+        broker.stop(signal.SIGKILL)
+    finally:
+        broker.stop()
+    broker.start()
+    try:
+        admin = _admin(broker)
+        tuned = _describe(admin, "group", "tuned")
+        assert tuned["consumer.session.timeout.ms"] == ("50000", group_source)
+        assert tuned["share.auto.offset.reset"] == ("earliest", group_source)
+        assert tuned["consumer.heartbeat.interval.ms"] == ("5000", default)
+        assert _describe(admin, "group", "other")["consumer.heartbeat.interval.ms"] == ("6000", group_source)
+        _incremental(
+            admin, "group", "tuned",
+            ("consumer.session.timeout.ms", "DELETE", None), ("share.auto.offset.reset", "DELETE", None),
+        )  # fmt: skip
+        assert _describe(admin, "group", "tuned") == {k: (v, default) for k, v in GROUP_DEFAULTS.items()}
+        _alter(admin, "group", "other", {})  # AlterConfigs replaces the set: back to the defaults
+        assert _describe(admin, "group", "other")["consumer.heartbeat.interval.ms"] == ("5000", default)
+    finally:
+        broker.stop()
+    assert json.loads((tmp_path / "data" / "kafka-group-configs.json").read_text()) == {}
+
+
+def test_the_brokers_log_cleanup_policy_is_the_policy_of_topics_without_their_own(tmp_path: Path) -> None:
+    """librdkafka's 0081 APPENDs compact to the broker's log.cleanup.policy, and later
+    SUBTRACTs it. Kafka's semantics for one broker: a topic without its own
+    cleanup.policy is then compacted (a record without a key is INVALID_RECORD, shown as
+    DYNAMIC_DEFAULT_BROKER_CONFIG), a topic with its own is not; it survives a SIGKILL,
+    and so do the broker keys of no effect set beside it."""
+    from confluent_kafka.admin import ConfigSource, NewTopic
+
+    dynamic_default, default = ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value, ConfigSource.DEFAULT_CONFIG.value
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True).start()
+    try:
+        admin = _admin(broker)
+        for name, config in (("plain", {}), ("own", {"cleanup.policy": "delete"})):
+            admin.create_topics([NewTopic(name, 1, 1, config=config)], request_timeout=10)[name].result(10)
+        assert _describe(admin, "topic", "plain")["cleanup.policy"] == ("delete", default)
+        assert _produce_keyless(broker, "plain") == 0
+        _incremental(
+            admin, "broker", "0", ("background.threads", "SET", "9"), ("log.cleanup.policy", "APPEND", "compact")
+        )
+        assert _describe(admin, "broker", "0")["log.cleanup.policy"][0] == "delete,compact"
+        assert _describe(admin, "topic", "plain")["cleanup.policy"] == ("delete,compact", dynamic_default)
+        assert _produce_keyless(broker, "plain") == INVALID_RECORD
+        assert _produce_keyless(broker, "own") == 0
+        assert _refused(_incremental, admin, "broker", "0", ("log.cleanup.policy", "APPEND", "tidy"))[0] == (
+            "INVALID_CONFIG"
+        )
+        broker.stop(signal.SIGKILL)
+    finally:
+        broker.stop()
+    broker.start()
+    try:
+        admin = _admin(broker)
+        shown = _describe(admin, "broker", "0")
+        assert (shown["log.cleanup.policy"][0], shown["background.threads"][0]) == ("delete,compact", "9")
+        assert _produce_keyless(broker, "plain") == INVALID_RECORD
+        _incremental(
+            admin, "broker", "0", ("background.threads", "DELETE", None), ("log.cleanup.policy", "SUBTRACT", "compact")
+        )
+        assert _describe(admin, "topic", "plain")["cleanup.policy"] == ("delete", dynamic_default)
+        assert _produce_keyless(broker, "plain") == 0
+    finally:
+        broker.stop()
+
+
+def _produce_keyless(broker: BrokerProcess, topic: str) -> int:
+    """The error code of a Produce of one record without a key to partition 0."""
+    with RawClient(broker.kafka_port) as raw:
+        response = raw.call(produce_request(topic, 0, record_batch([b"no key"])))
+    return int(response.responses[0].partition_responses[0].error_code)
 
 
 def test_kafka_python_alters_and_describes(broker: BrokerProcess) -> None:
@@ -325,3 +456,49 @@ def test_kafkas_dynamic_broker_keys_of_no_effect_are_accepted_and_kept(tmp_path:
             refused.result(10)
     finally:
         broker.stop()
+
+
+def test_retention_keeps_everything_of_topics_compacted_by_the_brokers_policy(tmp_path: Path) -> None:
+    """In one process: with the broker's log.cleanup.policy set to compact alone at run
+    time, a retention pass deletes nothing from a topic without its own policy (a
+    compacted topic keeps the last value of every key); back to delete, it deletes."""
+    from bigarray.prefetch import PREFETCHER
+    from luxun.dynamic import DynamicBrokerConfigs
+    from luxun.kafka.log import KafkaLog
+    from luxun.topics import TopicManager
+    from tests._retention import make_maintenance
+
+    now = [0]
+    topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=4096)
+    try:
+        dynamic = DynamicBrokerConfigs(str(tmp_path / "data"), retention_ms=3_600_000, retention_bytes=-1)
+        kafka = KafkaLog(topics, broker_configs=dynamic)
+        assert kafka.create("kv", 1) == (0, None)
+        for key in (b"a", b"b", b"c"):
+            assert kafka.produce("kv", 0, _keyed_batch(key)).error == 0
+        now[0] = topics.open("kv").queue.timestamp(2) + 2 * 3_600_000
+        assert PREFETCHER.wait_idle(60)
+        maintenance = make_maintenance(
+            topics,
+            clock_ms=lambda: now[0],
+            retention_hours=1,
+            topic_overrides=kafka.retention_overrides,
+            broker_overrides=dynamic.retention,
+        )
+        dynamic.replace({"log.cleanup.policy": "compact"})
+        assert kafka.retention_overrides("kv") == (-1, -1)
+        maintenance.run_once(force_cleanup=True)
+        assert topics.open("kv").queue.size() == 3
+        dynamic.replace({"log.cleanup.policy": "compact,delete"})
+        maintenance.run_once(force_cleanup=True)
+        assert topics.open("kv").queue.size() == 0
+    finally:
+        topics.close()
+
+
+def _keyed_batch(key: bytes) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    builder.append(0, int(time.time() * 1000), key, b"v", [])
+    return bytes(builder.build())

@@ -518,3 +518,22 @@ def test_many_members_joining_and_leaving_at_once(topics: TopicManager) -> None:
         # members that did not leave time out (500 ms sessions); the groups end Empty
         for g in ("sg0", "sg1"):
             wait_state(coord, g, GroupState.EMPTY, timeout_s=5)
+
+
+def test_a_session_over_by_now_is_over_for_describe_delete_and_offset_delete(topics: TopicManager) -> None:
+    """A member whose session ended (no heartbeat for its session timeout) is gone for
+    the next DescribeGroups, DeleteGroups or OffsetDelete, as Kafka's timer removes it at
+    its deadline, not at the background thread's next pass (every 0.1 s). librdkafka's
+    0081 closes static members and deletes their groups exactly one session later."""
+    now = [1000.0]
+    with make(topics, clock=lambda: now[0]) as coord:
+        for group in ("described", "deleted", "offsets"):
+            a = join(coord, group, session_ms=1000, instance=f"{group}-1")  # static: an id at once
+            assert a.error_code == E.none and a.generation_id == 1
+            assert sync(coord, a.member_id, 1, {a.member_id: b"all"}, group=group).error_code == E.none
+        now[0] += 1.001  # the thread's pass is up to 0.1 s (real time) away: not waited for
+        described = call(coord, DESCRIBE, 5, groups=["described"], include_authorized_operations=False).groups[0]
+        assert (described.group_state, described.members) == ("Empty", ())
+        assert call(coord, DELETE, 2, groups_names=["deleted"]).results[0].error_code == E.none
+        deleted = call(coord, 47, 0, group_id="offsets", topics=[])
+        assert deleted.error_code == E.none
