@@ -286,6 +286,7 @@ static int serve_consume(int fd, const unsigned char *p, Py_ssize_t n, PyObject 
             pos += 8;
         } else {
             if (pos + 4 > n) goto no;
+            if (id == 4 && get_i32(p + pos) > 0) goto no; /* maxFetchSize: a fetch, the Python loop's */
             value = PyLong_FromLong(get_i32(p + pos));
             pos += 4;
         }
