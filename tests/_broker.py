@@ -181,15 +181,16 @@ def brokers(tmp_path: Path) -> Iterator[Callable[[int], list[BrokerProcess]]]:
 
 
 @contextlib.contextmanager
-def java_luxun(work: Path) -> Iterator[str]:
-    """Java Luxun 0.6.2 (``JAVA_PEER``) on a free loopback port, its files in ``work``
-    (its password: plain:luxun); yields host:port. Skips the test without the build."""
+def java_luxun(work: Path, data: Path | None = None) -> Iterator[str]:
+    """Java Luxun 0.6.2 (``JAVA_PEER``) on a free loopback port, its files in ``work`` and
+    its topics in ``data`` (default ``work / "java-data"``; its password: plain:luxun);
+    yields host:port. Skips the test without the build."""
     classpath = JAVA_PEER / "build" / "classpath.txt"
     properties = JAVA_PEER / "src" / "luxun" / "conf" / "server.properties"
     if not classpath.is_file() or not properties.is_file() or shutil.which("java") is None:
         pytest.skip(f"no Java Luxun build at {JAVA_PEER} (set LUXUN_JAVA_PEER)")
     port = free_port()
-    text = re.sub(r"(?m)^log\.dir=.*$", f"log.dir={work / 'java-data'}", properties.read_text())
+    text = re.sub(r"(?m)^log\.dir=.*$", f"log.dir={data or work / 'java-data'}", properties.read_text())
     (work / "server.properties").write_text(re.sub(r"(?m)^port=.*$", f"port={port}", text))
     (work / "log4j.properties").write_text(
         "log4j.rootLogger=WARN, c\nlog4j.appender.c=org.apache.log4j.ConsoleAppender\n"

@@ -4,13 +4,7 @@ leases, and commits that survive a kill -9 of the broker."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import shutil
 import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +17,7 @@ from thriftpy2.transport import TCyFramedTransportFactory
 from idl import QueueService
 from idl import luxun_thrift as T
 from luxun.thrift.service import GROUP_LEASE_S
-from tests._broker import free_port
+from tests._broker import java_luxun
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -209,37 +203,6 @@ def test_a_message_position_survives_kill_9_of_the_broker(broker_factory: Any, t
 
 
 # -- Java Luxun opens a topic directory that holds committed positions (skipped without its build) --
-JAVA_PEER = Path(os.environ.get("LUXUN_JAVA_PEER", Path(__file__).resolve().parents[2] / ".peers" / "luxun-java"))
-
-
-def start_java(tmp_path: Path, data: Path) -> tuple[subprocess.Popen[bytes], int]:
-    classpath = JAVA_PEER / "build" / "classpath.txt"
-    properties = JAVA_PEER / "src" / "luxun" / "conf" / "server.properties"
-    if not classpath.is_file() or not properties.is_file() or shutil.which("java") is None:
-        pytest.skip(f"no Java Luxun build at {JAVA_PEER} (set LUXUN_JAVA_PEER)")
-    port = free_port()
-    text = re.sub(r"(?m)^log\.dir=.*$", f"log.dir={data}", properties.read_text())
-    (tmp_path / "server.properties").write_text(re.sub(r"(?m)^port=.*$", f"port={port}", text))
-    (tmp_path / "log4j.properties").write_text(
-        "log4j.rootLogger=WARN, c\nlog4j.appender.c=org.apache.log4j.ConsoleAppender\n"
-        "log4j.appender.c.layout=org.apache.log4j.SimpleLayout\n"
-    )
-    with open(tmp_path / "java.log", "wb") as log:
-        proc = subprocess.Popen(
-            ["java", "-Dluxun.bind.host=127.0.0.1", f"-Dlog4j.configuration=file:{tmp_path / 'log4j.properties'}",
-             "-cp", classpath.read_text().strip(), "com.leansoft.luxun.Luxun", str(tmp_path / "server.properties")],
-            stdout=log, stderr=log,
-        )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return proc, port
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError((tmp_path / "java.log").read_text())
-        time.sleep(0.1)
-
-
 @pytest.mark.timeout(120)
 def test_java_luxun_opens_a_topic_with_committed_positions(broker_factory: Any, tmp_path: Path) -> None:
     data = tmp_path / "data"
@@ -251,18 +214,15 @@ def test_java_luxun_opens_a_topic_with_committed_positions(broker_factory: Any, 
     client.close()
     ours.stop()
     assert (data / "t" / "committed_g" / "page-0.dat").is_file()
-    proc, port = start_java(tmp_path, data)
-    try:
-        java = make_client(QueueService, "127.0.0.1", port, proto_factory=TCyBinaryProtocolFactory(),
-                           trans_factory=TCyFramedTransportFactory(), timeout=20_000)  # fmt: skip
+    with java_luxun(tmp_path, data) as address:
+        java = make_client(QueueService, "127.0.0.1", int(address.rsplit(":", 1)[1]),
+                           proto_factory=TCyBinaryProtocolFactory(), trans_factory=TCyFramedTransportFactory(),
+                           timeout=20_000)  # fmt: skip
         # the at-most-once group goes on where it was; the committed group's position is the commit
         assert java.consume(T.ConsumeRequest(topic="t", fanoutId="a")).itemList == [b"m1"]
         assert java.getSize(T.GetSizeRequest(topic="t", fanoutId="g")).size == 3
         assert java.produce(T.ProduceRequest(item=b"m5", topic="t")).result.resultCode == R.SUCCESS
         java.close()
-    finally:
-        proc.terminate()
-        proc.wait(20)
     again = broker_factory(data_dir=data)
     client = again.client()
     try:
