@@ -180,11 +180,10 @@ def brokers(tmp_path: Path) -> Iterator[Callable[[int], list[BrokerProcess]]]:
         broker.stop()
 
 
-@contextlib.contextmanager
-def java_luxun(work: Path, data: Path | None = None) -> Iterator[str]:
+def start_java_luxun(work: Path, data: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
     """Java Luxun 0.6.2 (``JAVA_PEER``) on a free loopback port, its files in ``work`` and
-    its topics in ``data`` (default ``work / "java-data"``; its password: plain:luxun);
-    yields host:port. Skips the test without the build."""
+    its topics in ``data`` (default ``work / "java-data"``; its password: plain:luxun), once
+    its port answers: the process and the port. Skips the test without the build."""
     classpath = JAVA_PEER / "build" / "classpath.txt"
     properties = JAVA_PEER / "src" / "luxun" / "conf" / "server.properties"
     if not classpath.is_file() or not properties.is_file() or shutil.which("java") is None:
@@ -203,13 +202,21 @@ def java_luxun(work: Path, data: Path | None = None) -> Iterator[str]:
              "-cp", classpath.read_text().strip(), "com.leansoft.luxun.Luxun", str(work / "server.properties")],
             stdout=log, stderr=log,
         )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return proc, port
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(log_path.read_text())
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def java_luxun(work: Path, data: Path | None = None) -> Iterator[str]:
+    """:func:`start_java_luxun` for the block: yields host:port, stops it at the end."""
+    proc, port = start_java_luxun(work, data)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
         yield f"127.0.0.1:{port}"
     finally:
         stop_process(proc, signal.SIGTERM, 20)

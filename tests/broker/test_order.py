@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from idl import luxun_thrift as T
-from tests.broker.test_commit import JAVA_PEER, start_java
+from tests._broker import JAVA_PEER, start_java_luxun
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -78,7 +78,7 @@ def test_java_clients_get_every_consume_answered_after_the_produce_sent_before(b
     _java_tools()
     java_dir = tmp_path / "java"
     java_dir.mkdir()
-    proc, port = start_java(java_dir, java_dir / "data")
+    proc, port = start_java_luxun(java_dir, java_dir / "data")
     try:
         java = run_order_program(tmp_path, port, "order")
     finally:
@@ -163,7 +163,7 @@ def test_the_clean_shutdown_marker_is_where_java_leaves_it(broker_factory: Any, 
     java_data = java_dir / "data"
 
     def start_j() -> Any:
-        return start_java(java_dir, java_data)[0]
+        return start_java_luxun(java_dir, java_data)[0]
 
     def stop_j(proc: Any, sig: int) -> None:
         proc.send_signal(sig)
