@@ -229,10 +229,12 @@ static int serve_produce(int fd, const unsigned char *p, Py_ssize_t n, PyObject 
     }
     Py_DECREF(r);
     r = NULL;
-    int rc = send_all(fd, iov, 1);  /* a produce reply is small: busy polling may follow */
+    int rc = send_all(fd, iov, 1); /* a produce reply is small: busy polling may follow */
+    int err = errno;
     if (view.obj != NULL) PyBuffer_Release(&view);
     Py_XDECREF(reply);
     if (rc < 0) {
+        errno = err;
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
@@ -328,10 +330,12 @@ static int serve_consume(int fd, const unsigned char *p, Py_ssize_t n, PyObject 
     tail[11] = tail[12] = 0;
     struct iovec iov[3] = {{head, sizeof head}, {item.buf, (size_t)item.len}, {tail, sizeof tail}};
     int rc = send_all(fd, iov, 3);
+    int err = errno;
     int small = item.len < POLL_REPLY_MAX;
     PyBuffer_Release(&item);
     Py_DECREF(one);
     if (rc < 0) {
+        errno = err;
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
