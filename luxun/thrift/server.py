@@ -47,9 +47,9 @@ once, gets its reply written and sent there, the handler called with the interpr
 released; anything else (other calls, several frames or part of one in a read, errors
 answered by the generic path) is handed back to this Python loop, which serves it exactly
 as before. Replies are byte for byte those of the Python loop (tests/broker/test_compiled_loop.py
-compares the two; ``LUXUN_PURE_PYTHON=1`` turns the compiled loop off). Why: a small sync
-call cost our broker 43-50 us of CPU (busy polling off), of which a server with no
-interpreter at all needs about 26 (perf/bench_broker.py's ``floor-c``), Java Luxun 30-35.
+compares the two; ``LUXUN_PURE_PYTHON=1`` turns the compiled loop off). Why, and what it
+saves per call against ``floor-c`` (a server with no interpreter) and Java Luxun: docs/architecture.md,
+"The compiled loop".
 
 Order across connections (``tracks_input``): a connection waits for bytes with ``poll``
 and takes them from the kernel only once marked as holding input (:class:`~luxun.net.ConnInput`),
@@ -266,7 +266,7 @@ class ThriftServer(TcpServer):
         budget = self._budget
         me = threading.get_ident()
         conn = self.input_of(sock)  # where this connection's input stands (ConnInput)
-        # The compiled loop (_fast.serve), for a connection it can serve: a socket whose
+        # The compiled loop (luxun._netloop.serve), for a connection it can serve: a socket whose
         # input is tracked, with the produce and one-item consume fast paths.
         fast = (
             _serve_compiled
