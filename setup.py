@@ -7,6 +7,11 @@ and luxun.records uses its pure-Python twin, about 100 times slower per record.
 ``luxun._netloop`` serves the Thrift door's small sync calls (produce, one-item consume)
 without the interpreter's loop, busy polling included (luxun/_netloop.c). Also optional: without it the
 Python loop of luxun.thrift.server serves them, as it serves every other call.
+
+``bigarray._fastpath`` holds the inlined paths of BigArray.append, BigArray.get and
+FanoutQueue.dequeue in C (bigarray/_fastpath.c), which the compiled loop calls to append a
+produce's item from its receive buffer and to read a one-item consume's item. Optional too:
+without it the compiled loop calls the handler for those calls.
 """
 
 from setuptools import Extension, setup
@@ -14,6 +19,19 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("luxun._records", ["luxun/_records.c"], optional=True, extra_compile_args=["-O2"]),
-        Extension("luxun._netloop", ["luxun/_netloop.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension(
+            "luxun._netloop",
+            ["luxun/_netloop.c"],
+            depends=["bigarray/_fastpath.h"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
+        Extension(
+            "bigarray._fastpath",
+            ["bigarray/_fastpath.c"],
+            depends=["bigarray/_fastpath.h"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
     ]
 )

@@ -44,6 +44,8 @@
 #include <sys/uio.h>
 #include <time.h>
 
+#include "../bigarray/_fastpath.h"
+
 /* Busy polling's rules: luxun.thrift.server's _BUSY_POLL_QUIET_S, _BUSY_POLL_RUN_S,
  * _BUSY_POLL_REPLY_MAX. */
 #define QUIET_NS 50000000LL
@@ -68,8 +70,13 @@ static const unsigned char ARGS_ITEM[6] = {0x0c, 0, 1, 0x0b, 0, 1};
 static const unsigned char ARGS_STRUCT[3] = {0x0c, 0, 1};
 static const unsigned char TOPIC_FIELD[3] = {0x0b, 0, 2};
 
-static PyObject *s_resultCode, *s_errorCode, *s_errorMessage, *s_busy_polls, *s_busy_poll_hits, *s_calls;
+static PyObject *s_resultCode, *s_errorCode, *s_errorMessage, *s_busy_polls, *s_busy_poll_hits, *s_calls, *s_in_place;
 static PyObject *k_fields[6]; /* ConsumeRequest's attribute names by field id (1-5) */
+static PyObject *s_flush_count, *s_max_message_size, *s_queue, *s_array, *s_used, *s_stats, *s_items_in, *s_bytes_in,
+    *s_waiters, *s_watchers, *s_notify, *s_produce, *s_items_out, *s_bytes_out, *s_consume;
+
+/* bigarray._fastpath's C API (bigarray/_fastpath.c); NULL where it is not built. */
+static const BigArrayFastAPI *g_bigarray;
 
 static int32_t get_i32(const unsigned char *p) {
     return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
@@ -147,9 +154,108 @@ static int call0(PyObject *fn) {
     return 0;
 }
 
+/* 1: a Result of success (resultCode 0, no errorCode or errorMessage), 0 another, -1 error. */
+static int is_success(PyObject *result) {
+    PyObject *code = PyObject_GetAttr(result, s_resultCode);
+    if (code == NULL) return -1;
+    int ok = 0;
+    if (PyLong_Check(code) && PyLong_AsLong(code) == 0) {
+        PyObject *e = PyObject_GetAttr(result, s_errorCode);
+        PyObject *m = e == NULL ? NULL : PyObject_GetAttr(result, s_errorMessage);
+        ok = m == NULL ? -1 : e == Py_None && m == Py_None;
+        Py_XDECREF(e);
+        Py_XDECREF(m);
+    }
+    Py_DECREF(code);
+    return ok;
+}
+
+static int get_ll(PyObject *obj, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int add_to(PyObject *obj, PyObject *name, long n) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    PyObject *one = PyLong_FromLong(n);
+    PyObject *sum = one == NULL ? NULL : PyNumber_Add(v, one);
+    Py_DECREF(v);
+    Py_XDECREF(one);
+    if (sum == NULL) return -1;
+    int rc = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* The calls served here, without the handler: ctx is QueueHandler.in_place_calls()'s
+ * (open topics by name, TopicManager, QueueHandler, Metrics.observe,
+ * QueueHandler._batches_as_packs, and a Kafka batch's header size, magic offset and magic
+ * for _may_be_batch), or None: never. */
+enum { CTX_OPEN, CTX_TOPICS, CTX_HANDLER, CTX_OBSERVE, CTX_AS_PACKS, CTX_HEADER, CTX_MAGIC_AT, CTX_MAGIC, CTX_SIZE };
+
+static int observe(PyObject *ctx, PyObject *call, long long t0) {
+    PyObject *seconds = PyFloat_FromDouble((double)(mono_ns() - t0) / 1e9);
+    if (seconds == NULL) return -1;
+    PyObject *r = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(ctx, CTX_OBSERVE), call, seconds, Py_None, NULL);
+    Py_DECREF(seconds);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* The produce of one item to an open topic, appended here: the twin of what
+ * QueueHandler.produce_item does through TopicManager.append when the item is within
+ * max_message_size, the topic is open, flush_count is off and the array's inlined append
+ * path takes it (bigarray._fastpath). 1 appended at *index, 0 not taken (nothing done:
+ * produce_item answers), -1 error. */
+static int append_here(PyObject *ctx, PyObject *name, const char *item, Py_ssize_t n, long long *index) {
+    if (ctx == Py_None || g_bigarray == NULL) return 0;
+    long long t0 = mono_ns(), flush_count, limit;
+    PyObject *topic = PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, CTX_OPEN), name);
+    if (topic == NULL) return PyErr_Occurred() ? -1 : 0; /* not open: created, or refused, there */
+    if (get_ll(PyTuple_GET_ITEM(ctx, CTX_TOPICS), s_flush_count, &flush_count) < 0 ||
+        get_ll(PyTuple_GET_ITEM(ctx, CTX_HANDLER), s_max_message_size, &limit) < 0)
+        return -1;
+    if (flush_count > 0 || n > limit) return 0;
+    Py_INCREF(topic);
+    int rc = -1;
+    PyObject *queue = PyObject_GetAttr(topic, s_queue), *array = NULL, *stats = NULL, *waits = NULL, *r = NULL;
+    if (queue == NULL || (array = PyObject_GetAttr(queue, s_array)) == NULL) goto done;
+    long long idx = g_bigarray->append(array, item, n);
+    if (idx == -2) goto done;
+    rc = 0;
+    if (idx == -1) goto done; /* a new page, a closed array, another thread appending...: there */
+    rc = -1;
+    /* TopicManager.append's steps after its append: used, stats, waking the waiters. */
+    if (PyObject_SetAttr(topic, s_used, Py_True) < 0 || (stats = PyObject_GetAttr(topic, s_stats)) == NULL ||
+        add_to(stats, s_items_in, 1) < 0 || add_to(stats, s_bytes_in, (long)n) < 0)
+        goto done;
+    int wake = 0;
+    if ((waits = PyObject_GetAttr(topic, s_waiters)) == NULL || (wake = PyObject_IsTrue(waits)) < 0) goto done;
+    Py_CLEAR(waits);
+    if (!wake && ((waits = PyObject_GetAttr(topic, s_watchers)) == NULL || (wake = PyObject_IsTrue(waits)) < 0))
+        goto done;
+    if (wake && (r = PyObject_CallMethodNoArgs(topic, s_notify)) == NULL) goto done;
+    Py_CLEAR(r);
+    if (observe(ctx, s_produce, t0) < 0) goto done;
+    *index = idx;
+    rc = 1;
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(waits);
+    Py_XDECREF(stats);
+    Py_XDECREF(array);
+    Py_XDECREF(queue);
+    Py_DECREF(topic);
+    return rc;
+}
+
 /* One produce frame body [p, p+n): 1 handled (reply sent), 0 not canonical, -1 error. */
 static int serve_produce(int fd, const unsigned char *p, Py_ssize_t n, PyObject *produce_item,
-                         PyObject *produce_reply) {
+                         PyObject *produce_reply, PyObject *here_ctx, PyObject *metrics) {
     /* head 4 | name 11 | seqid 4 | ARGS_ITEM 6 | item length 4 | item | TOPIC 3 | length 4 | topic | 0 0 */
     if (n < 4 + 11 + 4 + 6 + 4 + 3 + 4 + 2 || memcmp(p, CALL_HEAD, 4) || memcmp(p + 4, PRODUCE_NAME, 11) ||
         memcmp(p + 19, ARGS_ITEM, 6))
@@ -167,45 +273,31 @@ static int serve_produce(int fd, const unsigned char *p, Py_ssize_t n, PyObject 
         PyErr_Clear(); /* not UTF-8: the generic path answers it */
         return 0;
     }
-    PyObject *item = PyBytes_FromStringAndSize((const char *)p + 29, item_len);
-    if (item == NULL) {
-        Py_DECREF(topic);
-        return -1;
-    }
-    PyObject *r = PyObject_CallFunctionObjArgs(produce_item, topic, item, NULL);
-    Py_DECREF(topic);
-    Py_DECREF(item);
-    if (r == NULL) return -1;
-    PyObject *result, *index, *reply = NULL;
+    PyObject *reply = NULL, *r = NULL;
     Py_buffer view;
     view.obj = NULL;
-    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
-        Py_DECREF(r);
-        PyErr_SetString(PyExc_TypeError, "produce_item must return (Result, index)");
-        return -1;
-    }
-    result = PyTuple_GET_ITEM(r, 0);
-    index = PyTuple_GET_ITEM(r, 1);
-    int ok = 0;
-    PyObject *code = PyObject_GetAttr(result, s_resultCode);
-    if (code == NULL) goto fail;
-    if (PyLong_Check(code) && PyLong_AsLong(code) == 0) {
-        PyObject *e = PyObject_GetAttr(result, s_errorCode);
-        PyObject *m = e == NULL ? NULL : PyObject_GetAttr(result, s_errorMessage);
-        ok = e == Py_None && m == Py_None;
-        Py_XDECREF(e);
-        Py_XDECREF(m);
-        if (m == NULL) {
-            Py_DECREF(code);
+    long long i = -1;
+    int ok = append_here(here_ctx, topic, (const char *)p + 29, item_len, &i); /* 1: a success */
+    if (ok == 1 && add_to(metrics, s_in_place, 1) < 0) ok = -1;
+    if (ok == 0) { /* the handler's way: produce_item(topic, item) -> (Result, index) */
+        PyObject *item = PyBytes_FromStringAndSize((const char *)p + 29, item_len);
+        r = item == NULL ? NULL : PyObject_CallFunctionObjArgs(produce_item, topic, item, NULL);
+        Py_XDECREF(item);
+        if (r != NULL && (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2)) {
+            PyErr_SetString(PyExc_TypeError, "produce_item must return (Result, index)");
             goto fail;
         }
+        ok = r == NULL ? -1 : is_success(PyTuple_GET_ITEM(r, 0));
+        if (ok == 1) {
+            i = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
+            if (i == -1 && PyErr_Occurred()) ok = -1;
+        }
     }
-    Py_DECREF(code);
+    Py_CLEAR(topic);
+    if (ok < 0) goto fail;
     unsigned char out[4 + 4 + 11 + 4 + 6 + 8 + 3 + 8 + 2];
     struct iovec iov[1];
     if (ok) {
-        long long i = PyLong_AsLongLong(index);
-        if (i == -1 && PyErr_Occurred()) goto fail;
         unsigned char *o = out;
         put_i32(o, sizeof out - 4);
         memcpy(o + 4, "\x80\x01\x00\x02", 4);
@@ -221,14 +313,13 @@ static int serve_produce(int fd, const unsigned char *p, Py_ssize_t n, PyObject 
     } else {
         PyObject *s = PyLong_FromLong(seqid);
         if (s == NULL) goto fail;
-        reply = PyObject_CallFunctionObjArgs(produce_reply, s, result, index, NULL);
+        reply = PyObject_CallFunctionObjArgs(produce_reply, s, PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1), NULL);
         Py_DECREF(s);
         if (reply == NULL || PyObject_GetBuffer(reply, &view, PyBUF_SIMPLE) < 0) goto fail;
         iov[0].iov_base = view.buf;
         iov[0].iov_len = (size_t)view.len;
     }
-    Py_DECREF(r);
-    r = NULL;
+    Py_CLEAR(r);
     int rc = send_all(fd, iov, 1); /* a produce reply is small: busy polling may follow */
     int err = errno;
     if (view.obj != NULL) PyBuffer_Release(&view);
@@ -240,13 +331,81 @@ static int serve_produce(int fd, const unsigned char *p, Py_ssize_t n, PyObject 
     }
     return 1;
 fail:
+    Py_XDECREF(topic);
     Py_XDECREF(r);
     Py_XDECREF(reply);
     return -1;
 }
 
+/* A one-item consume read here: the twin of QueueHandler.consume_single for a request
+ * whose fields (the C parser's: topic, fanoutId, startIndex, maxFetchSize <= 0, maxWaitMs)
+ * name an open topic and an item that bigarray._fastpath reads at once (by group: the
+ * group moves past it). A new reference to the item (*last: lastConsumedIndex), or NULL:
+ * not taken (nothing read or moved: consume_single answers) or an exception. */
+static PyObject *consume_here(PyObject *ctx, PyObject *fields, long long *last) {
+    if (ctx == Py_None || g_bigarray == NULL) return NULL;
+    long long t0 = mono_ns(), start = 0;
+    PyObject *name = PyDict_GetItemWithError(fields, k_fields[1]);
+    PyObject *topic = name == NULL ? NULL : PyDict_GetItemWithError(PyTuple_GET_ITEM(ctx, CTX_OPEN), name);
+    if (topic == NULL) return NULL;
+    PyObject *group = PyDict_GetItemWithError(fields, k_fields[2]); /* borrowed, as name */
+    if (group == NULL && PyErr_Occurred()) return NULL;
+    int by_group = group != NULL && PyUnicode_Check(group) && PyUnicode_GET_LENGTH(group) > 0;
+    PyObject *at = by_group ? NULL : PyDict_GetItemWithError(fields, k_fields[3]);
+    if (at != NULL && (start = PyLong_AsLongLong(at)) == -1 && PyErr_Occurred()) return NULL;
+    Py_INCREF(topic);
+    PyObject *queue = PyObject_GetAttr(topic, s_queue), *array = NULL, *item = NULL, *stats = NULL;
+    if (queue == NULL) goto done;
+    if (by_group) {
+        item = g_bigarray->dequeue(queue, group);
+    } else if ((array = PyObject_GetAttr(queue, s_array)) != NULL) {
+        item = g_bigarray->get(array, start);
+    }
+    if (item == NULL) goto done;
+    long header = PyLong_AsLong(PyTuple_GET_ITEM(ctx, CTX_HEADER)), magic_at = PyLong_AsLong(PyTuple_GET_ITEM(ctx, CTX_MAGIC_AT)),
+         magic = PyLong_AsLong(PyTuple_GET_ITEM(ctx, CTX_MAGIC));
+    if (PyErr_Occurred()) goto fail;
+    if (PyBytes_GET_SIZE(item) >= header && (unsigned char)PyBytes_AS_STRING(item)[magic_at] == magic) {
+        /* perhaps a Kafka batch: Luxun packs, as consume_single makes them */
+        PyObject *from = by_group ? Py_None : PyLong_FromLongLong(start), *list = PyList_New(1), *packs = NULL;
+        if (from != NULL && list != NULL) {
+            PyList_SET_ITEM(list, 0, item);
+            item = NULL;
+            packs = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(ctx, CTX_AS_PACKS), name, queue, from, list,
+                                                 by_group ? group : Py_None, NULL);
+        }
+        if (!by_group) Py_XDECREF(from);
+        Py_XDECREF(list);
+        if (packs == NULL || !PyList_Check(packs) || PyList_GET_SIZE(packs) != 1 ||
+            !PyBytes_Check(PyList_GET_ITEM(packs, 0))) {
+            if (packs != NULL) PyErr_SetString(PyExc_TypeError, "_batches_as_packs must answer one bytes per item");
+            Py_XDECREF(packs);
+            Py_XDECREF(item);
+            item = NULL;
+            goto done;
+        }
+        Py_XDECREF(item);
+        item = Py_NewRef(PyList_GET_ITEM(packs, 0));
+        Py_DECREF(packs);
+    }
+    if ((stats = PyObject_GetAttr(topic, s_stats)) == NULL || add_to(stats, s_items_out, 1) < 0 ||
+        add_to(stats, s_bytes_out, (long)PyBytes_GET_SIZE(item)) < 0 || observe(ctx, s_consume, t0) < 0)
+        goto fail;
+    *last = by_group ? 0 : start;
+    goto done;
+fail:
+    Py_CLEAR(item);
+done:
+    Py_XDECREF(stats);
+    Py_XDECREF(array);
+    Py_XDECREF(queue);
+    Py_DECREF(topic);
+    return item;
+}
+
 /* One consume frame body: 1 handled, 0 not (canonical and single, and served at once), -1 error. */
-static int serve_consume(int fd, const unsigned char *p, Py_ssize_t n, PyObject *consume_single) {
+static int serve_consume(int fd, const unsigned char *p, Py_ssize_t n, PyObject *consume_single, PyObject *here_ctx,
+                         PyObject *metrics) {
     if (n < 4 + 11 + 4 + 3 + 2 || memcmp(p, CALL_HEAD, 4) || memcmp(p + 4, CONSUME_NAME, 11) ||
         memcmp(p + 19, ARGS_STRUCT, 3))
         return 0;
@@ -299,21 +458,31 @@ static int serve_consume(int fd, const unsigned char *p, Py_ssize_t n, PyObject 
         }
         Py_DECREF(value);
     }
-    PyObject *one = PyObject_CallOneArg(consume_single, fields);
+    long long last = 0;
+    PyObject *one = consume_here(here_ctx, fields, &last); /* the item, or NULL */
+    if (one != NULL && add_to(metrics, s_in_place, 1) < 0) Py_CLEAR(one);
+    if (one == NULL && !PyErr_Occurred()) { /* the handler's way */
+        one = PyObject_CallOneArg(consume_single, fields);
+        if (one == Py_None) {
+            Py_DECREF(one);
+            Py_DECREF(fields);
+            return 0;
+        }
+        if (one != NULL && (!PyTuple_Check(one) || PyTuple_GET_SIZE(one) != 2)) {
+            PyErr_SetString(PyExc_TypeError, "consume_single must return (item, lastConsumedIndex) or None");
+            Py_CLEAR(one);
+        }
+        if (one != NULL) {
+            last = PyLong_AsLongLong(PyTuple_GET_ITEM(one, 1));
+            PyObject *got = Py_NewRef(PyTuple_GET_ITEM(one, 0));
+            Py_SETREF(one, got);
+            if (last == -1 && PyErr_Occurred()) Py_CLEAR(one);
+        }
+    }
     Py_DECREF(fields);
     if (one == NULL) return -1;
-    if (one == Py_None) {
-        Py_DECREF(one);
-        return 0;
-    }
-    if (!PyTuple_Check(one) || PyTuple_GET_SIZE(one) != 2) {
-        Py_DECREF(one);
-        PyErr_SetString(PyExc_TypeError, "consume_single must return (item, lastConsumedIndex) or None");
-        return -1;
-    }
-    long long last = PyLong_AsLongLong(PyTuple_GET_ITEM(one, 1));
     Py_buffer item;
-    if ((last == -1 && PyErr_Occurred()) || PyObject_GetBuffer(PyTuple_GET_ITEM(one, 0), &item, PyBUF_SIMPLE) < 0) {
+    if (PyObject_GetBuffer(one, &item, PyBUF_SIMPLE) < 0) {
         Py_DECREF(one);
         return -1;
     }
@@ -345,18 +514,6 @@ no:
     return 0;
 }
 
-static int add_to(PyObject *obj, PyObject *name, long n) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return -1;
-    PyObject *one = PyLong_FromLong(n);
-    PyObject *sum = one == NULL ? NULL : PyNumber_Add(v, one);
-    Py_DECREF(v);
-    Py_XDECREF(one);
-    if (sum == NULL) return -1;
-    int rc = PyObject_SetAttr(obj, name, sum);
-    Py_DECREF(sum);
-    return rc;
-}
 
 /* Poll fd without sleeping for up to poll_ns, or until another thread notes input:
  * bytes received into b (0: closed), -1 none came, -2 an error (errno). */
@@ -385,10 +542,14 @@ static PyObject *serve(PyObject *self, PyObject *args) {
     int fd;
     unsigned long me;
     long poll_us;
-    PyObject *bufobj, *hold, *idle, *note, *metrics, *produce_item, *produce_reply, *consume_single;
-    if (!PyArg_ParseTuple(args, "iOklOOOOOOO:serve", &fd, &bufobj, &me, &poll_us, &hold, &idle, &note, &metrics,
-                          &produce_item, &produce_reply, &consume_single))
+    PyObject *bufobj, *hold, *idle, *note, *metrics, *produce_item, *produce_reply, *consume_single, *here;
+    if (!PyArg_ParseTuple(args, "iOklOOOOOOOO:serve", &fd, &bufobj, &me, &poll_us, &hold, &idle, &note, &metrics,
+                          &produce_item, &produce_reply, &consume_single, &here))
         return NULL;
+    if (here != Py_None && (!PyTuple_Check(here) || PyTuple_GET_SIZE(here) != CTX_SIZE)) {
+        PyErr_SetString(PyExc_TypeError, "serve: the in-place context must be None or QueueHandler.in_place_calls()");
+        return NULL;
+    }
     Py_buffer buf;
     if (PyObject_GetBuffer(bufobj, &buf, PyBUF_WRITABLE) < 0) return NULL;
     unsigned char *b = buf.buf;
@@ -449,8 +610,8 @@ static PyObject *serve(PyObject *self, PyObject *args) {
             got = n;
             break;
         }
-        int handled = b[11] == 7 && b[12] == 'p'   ? serve_produce(fd, b + 4, n - 4, produce_item, produce_reply)
-                      : b[11] == 7 && b[12] == 'c' ? serve_consume(fd, b + 4, n - 4, consume_single)
+        int handled = b[11] == 7 && b[12] == 'p'   ? serve_produce(fd, b + 4, n - 4, produce_item, produce_reply, here, metrics)
+                      : b[11] == 7 && b[12] == 'c' ? serve_consume(fd, b + 4, n - 4, consume_single, here, metrics)
                                                    : 0;
         if (handled < 0) break;
         if (handled == 0) {
@@ -478,7 +639,7 @@ static PyObject *note(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"serve", serve, METH_VARARGS,
-     "serve(fd, buf, me, poll_us, hold, idle, note, metrics, produce_item, produce_reply, consume_single) -> "
+     "serve(fd, buf, me, poll_us, hold, idle, note, metrics, produce_item, produce_reply, consume_single, here) -> "
      "bytes received and left in buf (0: closed)"},
     {"note", note, METH_O, "note(ident): the thread that received bytes last"},
     {NULL, NULL, 0, NULL},
@@ -496,9 +657,23 @@ PyMODINIT_FUNC PyInit__netloop(void) {
     s_busy_polls = PyUnicode_InternFromString("busy_polls");
     s_busy_poll_hits = PyUnicode_InternFromString("busy_poll_hits");
     s_calls = PyUnicode_InternFromString("compiled_loop_calls");
-    if (!s_resultCode || !s_errorCode || !s_errorMessage || !s_busy_polls || !s_busy_poll_hits || !s_calls)
+    s_in_place = PyUnicode_InternFromString("compiled_loop_in_place");
+    if (!s_in_place || !s_resultCode || !s_errorCode || !s_errorMessage || !s_busy_polls || !s_busy_poll_hits || !s_calls)
         return NULL;
     for (int i = 1; i < 6; i++)
         if ((k_fields[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+    static const char *attrs[15] = {"flush_count", "max_message_size", "queue", "array", "used", "stats",
+                                    "items_in", "bytes_in", "waiters", "watchers", "notify", "produce",
+                                    "items_out", "bytes_out", "consume"};
+    PyObject **slots[15] = {&s_flush_count, &s_max_message_size, &s_queue, &s_array, &s_used, &s_stats,
+                            &s_items_in, &s_bytes_in, &s_waiters, &s_watchers, &s_notify, &s_produce,
+                            &s_items_out, &s_bytes_out, &s_consume};
+    for (int i = 0; i < 15; i++)
+        if ((*slots[i] = PyUnicode_InternFromString(attrs[i])) == NULL) return NULL;
+    /* PyCapsule_Import imports only "bigarray" itself: the submodule first. */
+    PyObject *mod = PyImport_ImportModule("bigarray._fastpath");
+    g_bigarray = mod == NULL ? NULL : PyCapsule_Import("bigarray._fastpath._C_API", 0);
+    Py_XDECREF(mod);
+    if (g_bigarray == NULL) PyErr_Clear(); /* not built: every produce goes to produce_item */
     return PyModule_Create(&module);
 }

@@ -123,6 +123,12 @@ _SERVER_FAMILIES: Final = (
         "Thrift calls (produce, one-item consume) answered by the compiled loop (luxun._netloop).",
         "compiled_loop_calls",
     ),
+    (
+        "luxun_compiled_loop_in_place_total",
+        "counter",
+        "Of those, calls served without the handler: items appended or read by bigarray._fastpath.",
+        "compiled_loop_in_place",
+    ),
 )
 
 
@@ -148,6 +154,8 @@ class Metrics:
         self.busy_poll_hits = 0
         #: Calls answered by the compiled loop (luxun._netloop, through luxun.thrift.server).
         self.compiled_loop_calls = 0
+        #: ... and of those, calls it served without the handler (QueueHandler.in_place_calls).
+        self.compiled_loop_in_place = 0
         self.started = time.time()
         #: Kafka port: requests by (API key, version) and error codes answered.
         self.kafka_requests: dict[tuple[int, int], int] = {}

@@ -80,7 +80,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -467,6 +467,13 @@ class TopicManager:
         log.debug("opened topic %r: %d items (indexes %d..%d)", name, queue.size(), queue.tail, queue.head)
         return topic
 
+    @property
+    def open_topics(self) -> Mapping[str, Topic]:
+        """The open topics by name: the live dict, read only (the compiled loop looks
+        topics up in it to do :meth:`append`'s hot path in C, see
+        :meth:`luxun.thrift.service.QueueHandler.in_place_calls`)."""
+        return self._open
+
     def append(
         self,
         name: str,
@@ -478,7 +485,9 @@ class TopicManager:
         call: str = "append",
     ) -> tuple[Topic, int]:
         """Append ``items`` to topic ``name``: ``(topic, index of the first item)``. The
-        one append of every door. ``call`` names the request in log lines ("produce").
+        one append of every door (its hot path for one plain item has a C twin in
+        luxun/_netloop.c, append_here: keep them in step). ``call`` names the request in
+        log lines ("produce").
 
         ``counts``: record offsets each item holds (a Kafka batch holds its records;
         default one each), ``kind``: the items' kind (:mod:`luxun.partitions`).

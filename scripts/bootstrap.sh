@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
 python="${PYTHON:-python3}"
-# luxun's compiled modules (luxun/*.c, see setup.py) need a C compiler and Python's headers;
+# luxun's compiled modules (luxun/*.c, bigarray/*.c, see setup.py) need a C compiler and Python's headers;
 # without them the install goes on and luxun runs its pure-Python paths. On Debian/Ubuntu
 # install what is missing (quietly; a failure only leaves the pure-Python paths).
 headers="$("$python" -c 'import os, sysconfig; print(os.path.join(sysconfig.get_paths()["include"], "Python.h"))')"
@@ -25,7 +25,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
-stamp=".venv/.installed-$(cat setup.cfg pyproject.toml setup.py luxun/*.c | sha1sum | cut -c1-12)-${extras//,/_}"
+stamp=".venv/.installed-$(cat setup.cfg pyproject.toml setup.py luxun/*.c bigarray/*.[ch] | sha1sum | cut -c1-12)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
     if [ -n "$extras" ]; then

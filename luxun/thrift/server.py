@@ -274,6 +274,10 @@ class ThriftServer(TcpServer):
             else None
         )
         fd = sock.fileno() if fast is not None else -1
+        # ... which serves the common produce and consume itself where the handler says
+        # how (QueueHandler.in_place_calls: their success paths, in C).
+        in_place = getattr(handler, "in_place_calls", None) if fast is not None else None
+        here = in_place() if in_place is not None else None
         note = functools.partial(RECEIVING.note, me)
         produce_item = handler.produce_item if fast_produce else None
         batch = AsyncProduceBatch(handler)
@@ -433,7 +437,7 @@ class ThriftServer(TcpServer):
                         # Nothing held: the compiled loop waits, receives and serves the
                         # small sync calls until bytes it leaves to this loop come.
                         n = fast(fd, buf, me, self.busy_poll_us, conn.hold, conn.idle, note, metrics,
-                                 produce_item, produce_reply_frame, consume_single)  # fmt: skip
+                                 produce_item, produce_reply_frame, consume_single, here)  # fmt: skip
                     else:
                         conn.wait_readable()
                         conn.hold()

@@ -270,6 +270,32 @@ class QueueHandler:
         self.metrics.observe("produce", time.perf_counter() - t0, result.errorCode)
         return result, index
 
+    def in_place_calls(self) -> tuple[Any, ...]:
+        """What the compiled loop (luxun._netloop) needs to serve the common calls itself,
+        in C, without calling :meth:`produce_item` or :meth:`consume_single`: the open
+        topics by name, the topic manager (its ``flush_count``), this handler (its
+        ``max_message_size``), ``metrics.observe``, :meth:`_batches_as_packs` and what
+        :func:`_may_be_batch` compares.
+
+        It appends a produce's item there only when it is within ``max_message_size``, to
+        an open topic, while ``flush_count`` is off, through bigarray's inlined append
+        (``bigarray._fastpath``), then does what :meth:`TopicManager.append
+        <luxun.topics.TopicManager.append>` does after an append (``used``, the topic's
+        stats, waking its waiters) and observes the call as ``produce``; it reads a
+        one-item consume's item there only from an open topic, by index or by group, when
+        bigarray's fast read takes it, and then does what :meth:`consume_single` does
+        after its read. Anything else comes here. Keep them in step."""
+        return (
+            self.topics.open_topics,
+            self.topics,
+            self,
+            self.metrics.observe,
+            self._batches_as_packs,
+            BATCH_HEADER_SIZE,
+            BATCH_MAGIC_OFFSET,
+            BATCH_MAGIC,
+        )
+
     def async_produce_many(self, name: str | None, items: list[bytes | bytearray | memoryview | None]) -> None:
         """``len(items)`` consecutive oneway produces to one topic, appended with one
         ``enqueue_many`` (the server batches the asyncProduce frames it has already

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import struct
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -77,6 +78,15 @@ def metric(broker: Any, name: str) -> int:
     found = re.search(rf"^{name} (\d+)$", text, re.M)
     assert found, name
     return int(found.group(1))
+
+
+def counters(broker: Any, name: str) -> dict[str, int]:
+    """Every sample of metric ``name``, by its labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    found = dict(re.findall(rf"^{name}(\{{[^}}]*\}}) (\d+)$", text, re.M))
+    assert found, name
+    return {labels: int(value) for labels, value in found.items()}
 
 
 # Each step: what is sent (one or more frames, sent whole or in parts), and how many replies
@@ -176,9 +186,17 @@ def test_both_loops_answer_every_call_with_the_same_bytes(both_brokers: Any, pol
     assert (replies[17][2].itemList, replies[17][2].lastConsumedIndex) == ([b"a2"], 9)  # after the batch
     assert replies[18][2].itemList == [ITEM + b"\x00"]
     assert replies[19][2].index == 12
-    # The compiled loop answered the canonical calls itself; the Python loop none.
+    # The compiled loop answered the canonical calls itself, some of them without the
+    # handler (bigarray._fastpath: produces 11, 12 and 52, consumes 32 and 50); the Python
+    # loop none.
     assert metric(compiled, "luxun_compiled_loop_calls_total") >= 7
+    assert metric(compiled, "luxun_compiled_loop_in_place_total") >= 5
     assert metric(python, "luxun_compiled_loop_calls_total") == 0
+    assert metric(python, "luxun_compiled_loop_in_place_total") == 0
+    # ... and counted them as the handler does: the topic's stats, the calls by method.
+    for name in ("luxun_topic_items_in_total", "luxun_topic_bytes_in_total", "luxun_topic_items_out_total",
+                 "luxun_topic_bytes_out_total", "luxun_requests_total"):  # fmt: skip
+        assert counters(compiled, name) == counters(python, name), name
 
 
 def test_a_client_closing_mid_frame_leaves_the_broker_serving(both_brokers: Any) -> None:
@@ -191,3 +209,33 @@ def test_a_client_closing_mid_frame_leaves_the_broker_serving(both_brokers: Any)
     assert client.produce(T.ProduceRequest(item=b"z", topic="t")).index == 1  # y never landed
     assert client.consume(T.ConsumeRequest(topic="t", startIndex=1)).itemList == [b"z"]
     client.close()
+
+
+def test_a_produce_appended_in_place_wakes_a_long_poll(both_brokers: Any) -> None:
+    """The compiled loop's own append wakes consumers waiting on the topic, as the topic
+    manager's append does (without that, the waiting consume would answer at its timeout)."""
+    broker = both_brokers("compiled", 0)
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
+        for i in range(2):  # the first creates the topic; then the array's fast room is armed
+            sock.sendall(call_frame("produce", "w", b"x%d" % i, seqid=i))
+            assert decode(read_frame(sock))[2].index == i
+        before = metric(broker, "luxun_compiled_loop_in_place_total")
+        got: list[Any] = []
+        waiter = broker.client()
+
+        def wait() -> None:
+            started = time.monotonic()
+            got.append(waiter.consume(T.ConsumeRequest(topic="w", startIndex=2, maxWaitMs=8_000)))
+            got.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.5)  # the consume waits
+        sock.sendall(call_frame("produce", "w", b"woken", seqid=9))
+        assert decode(read_frame(sock))[2].index == 2
+        thread.join(30)
+        waiter.close()
+    assert metric(broker, "luxun_compiled_loop_in_place_total") == before + 1  # appended in place
+    assert got, "the waiting consume failed"
+    assert got[1] < 4, f"the waiting consume answered after {got[1]:.1f} s: not woken by the append"
+    assert got[0].itemList == [b"woken"]
