@@ -16,19 +16,19 @@ import pytest
 from bigarray import BigArray, FanoutQueue
 from bigarray import format as fmt
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("bigarray._fastpath") is None, reason="bigarray._fastpath is not built"
-)
+BUILT = importlib.util.find_spec("bigarray._fastpath") is not None
 
 
 @pytest.fixture
 def fast() -> Any:
+    if not BUILT:
+        pytest.skip("bigarray._fastpath is not built")
     return importlib.import_module("bigarray._fastpath")
 
 
 def test_the_fast_paths_are_built() -> None:
     """The README's set-up (scripts/bootstrap.sh) builds them (luxun's compiled loop uses them)."""
-    assert importlib.util.find_spec("bigarray._fastpath") is not None, "scripts/bootstrap.sh builds it (needs cc)"
+    assert BUILT, "bigarray._fastpath is not built: scripts/bootstrap.sh builds it (needs cc)"
 
 
 def items(n: int) -> list[bytes]:
