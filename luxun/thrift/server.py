@@ -114,6 +114,9 @@ _serve_compiled: Any = NETLOOP.serve if NETLOOP is not None else None
 
 #: LUXUN_PURE_PYTHON=1 in the environment: the Python loop serves every call (tests run both).
 COMPILED_LOOP = _serve_compiled is not None and os.environ.get("LUXUN_PURE_PYTHON", "") in ("", "0")
+#: ... and LUXUN_SHARED_LOOP=0: each connection's thread runs the compiled loop itself, not the
+#: shared loop (luxun._netloop.Loop: one thread serving every idle connection's calls in place).
+SHARED_LOOP = COMPILED_LOOP and os.environ.get("LUXUN_SHARED_LOOP", "") in ("", "1")
 
 log = logging.getLogger(__name__)
 #: Lines a client or a bad environment can repeat, keyed by kind (never by peer).
@@ -230,11 +233,40 @@ class ThriftServer(TcpServer):
         self._consume_request: Any = spec[2] if spec and len(spec) > 2 and isinstance(spec[2], type) else None
         # The produce fast path, when the handler has the batch-aware entry points.
         self._fast_produce = hasattr(handler, "produce_item") and hasattr(handler, "async_produce_many")
+        # The shared loop and its thread (made by start()), where the compiled loop serves.
+        self.shared_loop = self.compiled_loop and SHARED_LOOP and hasattr(handler, "in_place_calls")
+        self._loop: Any = None
+        self._loop_thread: Any = None
         super().__init__(host, port, **options)
+
+    def start(self) -> None:
+        """Start the shared loop's thread (where it serves), then accept connections."""
+        if self.shared_loop:
+            here = self._handler.in_place_calls()
+            self._loop = NETLOOP.Loop(self.busy_poll_us, self.metrics, produce_reply_frame, here)
+            self._loop_thread = threading.Thread(target=self._run_loop, name="thrift-loop", daemon=True)
+            self._loop_thread.start()
+        super().start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """:meth:`TcpServer.stop`, then the shared loop (which has given every connection
+        back by then: their sockets were shut down)."""
+        super().stop(timeout_s)
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop_thread.join(timeout_s)
+
+    def _run_loop(self) -> None:
+        try:
+            self._loop.run()
+        except Exception:  # its connections were handed back: they go on in their threads
+            log.exception("the Thrift door's shared loop stopped; each connection's thread serves it now")
 
     @property
     def loop_text(self) -> str:
         """Which loop serves the small sync calls, for the broker's start-up line."""
+        if self.shared_loop:
+            return "small sync calls served by the compiled loop (luxun._netloop), in one shared thread"
         if self.compiled_loop:
             return "small sync calls served by the compiled loop (luxun._netloop)"
         why = "LUXUN_PURE_PYTHON is set" if _serve_compiled is not None else "luxun._netloop is not built"
@@ -278,6 +310,7 @@ class ThriftServer(TcpServer):
         # how (QueueHandler.in_place_calls: their success paths, in C).
         in_place = getattr(handler, "in_place_calls", None) if fast is not None else None
         here = in_place() if in_place is not None else None
+        shared = self._loop if fast is not None else None
         note = functools.partial(RECEIVING.note, me)
         produce_item = handler.produce_item if fast_produce else None
         batch = AsyncProduceBatch(handler)
@@ -419,7 +452,8 @@ class ThriftServer(TcpServer):
             # call on another connection then knows they are there.
             with memoryview(buf) as view:
                 n = -1
-                if poll_s and answered and receiving.ident == me:
+                parks = shared is not None and start == end and frames is buf  # the shared loop polls
+                if poll_s and answered and receiving.ident == me and not parks:
                     now = time.monotonic()
                     if now - receiving.since > _BUSY_POLL_QUIET_S:
                         if not polled_since:
@@ -436,8 +470,10 @@ class ThriftServer(TcpServer):
                     if fast is not None and start == end and frames is buf:
                         # Nothing held: the compiled loop waits, receives and serves the
                         # small sync calls until bytes it leaves to this loop come.
-                        n = fast(fd, buf, me, self.busy_poll_us, conn.hold, conn.idle, note, metrics,
-                                 produce_item, produce_reply_frame, consume_single, here)  # fmt: skip
+                        n = shared.park(fd, buf, me, conn.hold, conn.idle, note) if shared is not None else None
+                        if n is None:  # no shared loop (or not yet, or no more): this thread's own
+                            n = fast(fd, buf, me, self.busy_poll_us, conn.hold, conn.idle, note, metrics,
+                                     produce_item, produce_reply_frame, consume_single, here)  # fmt: skip
                     else:
                         conn.wait_readable()
                         conn.hold()

@@ -137,27 +137,34 @@ def run(broker: Any) -> list[bytes]:
 
 @pytest.fixture
 def both_brokers(broker_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Any]:
-    """``start(loop)``: a broker with the compiled loop ("compiled") or without ("python"), a data dir each."""
+    """``start(loop)``: a broker with the compiled loop in its shared thread ("compiled"), in
+    each connection's thread ("per-connection"), or without it ("python"); a data dir each."""
     config = tmp_path / "server.properties"
     config.write_text(f"max.message.size={LIMIT}\n")
 
     def start(loop: str, poll_us: int = 200) -> Any:
         config = tmp_path / f"{loop}-{poll_us}.properties"
         config.write_text(f"max.message.size={LIMIT}\nbusy.poll.us={poll_us}\n")
+        monkeypatch.delenv("LUXUN_PURE_PYTHON", raising=False)
+        monkeypatch.delenv("LUXUN_SHARED_LOOP", raising=False)
         if loop == "python":
             monkeypatch.setenv("LUXUN_PURE_PYTHON", "1")
-        else:
-            monkeypatch.delenv("LUXUN_PURE_PYTHON", raising=False)
+        elif loop == "per-connection":
+            monkeypatch.setenv("LUXUN_SHARED_LOOP", "0")
         broker = broker_factory("--config", str(config), data_dir=tmp_path / f"data-{loop}-{poll_us}", metrics=True)
         monkeypatch.delenv("LUXUN_PURE_PYTHON", raising=False)
+        monkeypatch.delenv("LUXUN_SHARED_LOOP", raising=False)
         return broker
 
     return start
 
 
 @pytest.mark.parametrize("poll_us", [0, 200])
-def test_both_loops_answer_every_call_with_the_same_bytes(both_brokers: Any, poll_us: int) -> None:
-    compiled, python = both_brokers("compiled", poll_us), both_brokers("python", poll_us)
+@pytest.mark.parametrize("loop", ["compiled", "per-connection"])
+def test_both_loops_answer_every_call_with_the_same_bytes(both_brokers: Any, loop: str, poll_us: int) -> None:
+    compiled, python = both_brokers(loop, poll_us), both_brokers("python", poll_us)
+    shared = "served by the compiled loop (luxun._netloop), in one shared thread" in compiled.log()
+    assert shared == (loop == "compiled")
     assert "served by the compiled loop (luxun._netloop)" in compiled.log()
     assert "served by the Python loop (LUXUN_PURE_PYTHON is set)" in python.log()
     got, expected = run(compiled), run(python)
@@ -189,8 +196,12 @@ def test_both_loops_answer_every_call_with_the_same_bytes(both_brokers: Any, pol
     # The compiled loop answered the canonical calls itself, some of them without the
     # handler (bigarray._fastpath: produces 11, 12 and 52, consumes 32 and 50); the Python
     # loop none.
-    assert metric(compiled, "luxun_compiled_loop_calls_total") >= 7
-    assert metric(compiled, "luxun_compiled_loop_in_place_total") >= 5
+    in_place = metric(compiled, "luxun_compiled_loop_in_place_total")
+    assert in_place >= 5
+    if shared:  # the shared loop serves only in place: the rest goes to the connection's thread
+        assert metric(compiled, "luxun_compiled_loop_calls_total") == in_place
+    else:  # ... a connection's own compiled loop calls the handler too (produce 10, consumes 30, 31)
+        assert metric(compiled, "luxun_compiled_loop_calls_total") >= in_place + 3
     assert metric(python, "luxun_compiled_loop_calls_total") == 0
     assert metric(python, "luxun_compiled_loop_in_place_total") == 0
     # ... and counted them as the handler does: the topic's stats, the calls by method.
@@ -239,3 +250,53 @@ def test_a_produce_appended_in_place_wakes_a_long_poll(both_brokers: Any) -> Non
     assert got, "the waiting consume failed"
     assert got[1] < 4, f"the waiting consume answered after {got[1]:.1f} s: not woken by the append"
     assert got[0].itemList == [b"woken"]
+
+
+def test_many_connections_share_the_loop(both_brokers: Any) -> None:
+    """Several connections calling at once through the shared loop: every reply goes to its
+    own caller and says the right thing; a client that goes away while parked leaves the
+    others served; the broker stops with connections parked."""
+    broker = both_brokers("compiled", 200)
+    clients, rounds = 6, 150
+    errors: list[BaseException] = []
+    produced: dict[int, list[int]] = {}
+
+    def work(k: int) -> None:
+        try:
+            client = broker.client()
+            own: list[int] = []
+            for i in range(rounds):
+                item = b"%d-%d" % (k, i)
+                own.append(client.produce(T.ProduceRequest(item=item, topic=f"own{k}")).index)
+                shared = client.produce(T.ProduceRequest(item=item, topic="shared")).index
+                got = client.consume(T.ConsumeRequest(topic="shared", startIndex=shared))
+                assert got.itemList == [item], (k, i, got)
+                back = client.consume(T.ConsumeRequest(topic=f"own{k}", fanoutId="g"))
+                assert back.itemList == [item], (k, i, back)
+            produced[k] = own
+            client.close()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors[0]
+    assert all(produced[k] == list(range(rounds)) for k in range(clients))
+    size = broker.client()
+    assert size.getSize(T.GetSizeRequest(topic="shared")).size == clients * rounds
+    assert metric(broker, "luxun_compiled_loop_in_place_total") >= clients * rounds * 3
+    # A client that goes away while its connection is parked: the rest goes on.
+    gone = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+    gone.sendall(call_frame("produce", "shared", b"last", seqid=1))
+    assert decode(read_frame(gone))[2].index == clients * rounds
+    gone.close()
+    assert size.produce(T.ProduceRequest(item=b"after", topic="shared")).index == clients * rounds + 1
+    # Stopping with a connection parked (size's) is prompt and clean.
+    started = time.monotonic()
+    assert broker.stop() == 0
+    assert time.monotonic() - started < 10
+    size.close()
+    assert "Traceback" not in broker.log()
