@@ -82,7 +82,8 @@ static const unsigned char TOPIC_FIELD[3] = {0x0b, 0, 2};
 static PyObject *s_resultCode, *s_errorCode, *s_errorMessage, *s_busy_polls, *s_busy_poll_hits, *s_calls, *s_in_place;
 static PyObject *k_fields[6]; /* ConsumeRequest's attribute names by field id (1-5) */
 static PyObject *s_flush_count, *s_max_message_size, *s_queue, *s_array, *s_used, *s_stats, *s_items_in, *s_bytes_in,
-    *s_waiters, *s_watchers, *s_notify, *s_produce, *s_items_out, *s_bytes_out, *s_consume;
+    *s_waiters, *s_watchers, *s_notify, *s_produce, *s_items_out, *s_bytes_out, *s_consume, *s__lock, *s__calls,
+    *s_acquire, *s_release, *s_count, *s_sum_s, *s_buckets, *s_phase, *s_busy, *s_ident, *s_since;
 
 /* bigarray._fastpath's C API (bigarray/_fastpath.c); NULL where it is not built. */
 static const BigArrayFastAPI *g_bigarray;
@@ -204,10 +205,90 @@ static int add_to(PyObject *obj, PyObject *name, long n) {
  * (open topics by name, TopicManager, QueueHandler, Metrics.observe,
  * QueueHandler._batches_as_packs, and a Kafka batch's header size, magic offset and magic
  * for _may_be_batch), or None: never. */
-enum { CTX_OPEN, CTX_TOPICS, CTX_HANDLER, CTX_OBSERVE, CTX_AS_PACKS, CTX_HEADER, CTX_MAGIC_AT, CTX_MAGIC, CTX_SIZE };
+enum {
+    CTX_OPEN,
+    CTX_TOPICS,
+    CTX_HANDLER,
+    CTX_OBSERVE,
+    CTX_AS_PACKS,
+    CTX_HEADER,
+    CTX_MAGIC_AT,
+    CTX_MAGIC,
+    CTX_METRICS,
+    CTX_BOUNDS,
+    CTX_SIZE
+};
 
+static int set_ll(PyObject *obj, PyObject *name, long long value) {
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL) return -1;
+    int rc = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* Metrics.observe(call, seconds, None)'s twin (luxun.metrics): under the metrics' lock, taken
+ * without waiting, a call of a method already counted. 1 done, 0 not (observe does it), -1
+ * an exception. */
+static int observe_here(PyObject *ctx, PyObject *call, double seconds) {
+    PyObject *metrics = PyTuple_GET_ITEM(ctx, CTX_METRICS), *bounds = PyTuple_GET_ITEM(ctx, CTX_BOUNDS);
+    PyObject *lock = PyObject_GetAttr(metrics, s__lock), *calls = NULL, *sum = NULL, *buckets = NULL;
+    if (lock == NULL) return -1;
+    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+    int taken = got == NULL ? -1 : got == Py_True;
+    Py_XDECREF(got);
+    if (taken <= 0) {
+        Py_DECREF(lock);
+        return taken;
+    }
+    int rc = -1;
+    PyObject *stats = (calls = PyObject_GetAttr(metrics, s__calls)) == NULL ? NULL : PyDict_GetItemWithError(calls, call);
+    if (stats == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0; /* a method not counted yet: observe makes its stats */
+        goto out;
+    }
+    Py_ssize_t i = 0, n = PyTuple_GET_SIZE(bounds); /* bisect.bisect_left(LATENCY_BUCKETS_S, seconds) */
+    while (i < n && PyFloat_AsDouble(PyTuple_GET_ITEM(bounds, i)) < seconds) i++;
+    double total;
+    if (add_to(stats, s_count, 1) < 0 || (sum = PyObject_GetAttr(stats, s_sum_s)) == NULL ||
+        ((total = PyFloat_AsDouble(sum)) == -1.0 && PyErr_Occurred()))
+        goto out;
+    Py_SETREF(sum, PyFloat_FromDouble(total + seconds));
+    if (sum == NULL || PyObject_SetAttr(stats, s_sum_s, sum) < 0 || (buckets = PyObject_GetAttr(stats, s_buckets)) == NULL)
+        goto out;
+    if (!PyList_Check(buckets) || i >= PyList_GET_SIZE(buckets)) {
+        PyErr_SetString(PyExc_TypeError, "observe_here: a call's buckets are not a list of LATENCY_BUCKETS_S + 1");
+        goto out;
+    }
+    long long count = PyLong_AsLongLong(PyList_GET_ITEM(buckets, i));
+    PyObject *one_more = count == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(count + 1);
+    if (one_more == NULL || PyList_SetItem(buckets, i, one_more) < 0) goto out;
+    rc = 1;
+out:
+    Py_XDECREF(buckets);
+    Py_XDECREF(sum);
+    Py_XDECREF(calls);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    Py_DECREF(lock);
+    if (released == NULL) { /* cannot happen: this thread holds it */
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(type, value, tb);
+    return rc;
+}
+
+/* A call served here since t0 (CLOCK_MONOTONIC ns), observed as Metrics.observe does it. */
 static int observe(PyObject *ctx, PyObject *call, long long t0) {
-    PyObject *seconds = PyFloat_FromDouble((double)(mono_ns() - t0) / 1e9);
+    double s = (double)(mono_ns() - t0) / 1e9;
+    int done = observe_here(ctx, call, s);
+    if (done != 0) return done < 0 ? -1 : 0;
+    PyObject *seconds = PyFloat_FromDouble(s);
     if (seconds == NULL) return -1;
     PyObject *r = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(ctx, CTX_OBSERVE), call, seconds, Py_None, NULL);
     Py_DECREF(seconds);
@@ -651,15 +732,16 @@ static PyObject *serve(PyObject *self, PyObject *args) {
  * interpreter between connection threads: with several busy clients, those were a third of
  * the broker's CPU per call (futex waits and wakes of the interpreter's lock, 2026-11-28).
  *
- * park(fd, buf, me, hold, idle, note) -> int | None, from a connection thread that holds
+ * park(fd, buf, me, conn, receiving) -> int | None, from a connection thread that holds
  * no input: its socket joins the loop and the thread sleeps until the loop hands the
  * connection back: with bytes in buf that the loop leaves to the Python loop (any call
  * not served in place, several frames, part of one: the count is returned, as serve()
  * returns it), 0 when the peer closed (or the loop stopped), an exception on a failed recv
  * or send. None: the loop is not running (the caller serves the connection itself).
- * ConnInput's rules as in serve(): hold() before each recv, idle() after each call served,
- * note() when another thread received last (RECEIVING follows the connection's thread, for
- * which the loop receives).
+ * ConnInput's rules as in serve(): conn.hold() before each recv, conn.idle() after each call
+ * served, receiving.note(me) (RECEIVING follows the connection's thread, for which the loop
+ * receives); done by their C twins (conn_hold, conn_idle, receiving_note): keep them in step
+ * with luxun.net.
  *
  * Busy polling: after a small reply to a connection that has been the only one receiving
  * for 50 ms (serve()'s rules), run() polls epoll without sleeping, the interpreter
@@ -667,12 +749,61 @@ static PyObject *serve(PyObject *self, PyObject *args) {
  *
  * stop(): run() hands every parked connection back (0) and returns.
  */
+/* ConnInput.hold()'s twin (luxun.net): about to take bytes from the kernel. */
+static int conn_hold(PyObject *conn) {
+    long long phase;
+    if (get_ll(conn, s_phase, &phase) < 0) return -1;
+    if (phase & 1) return 0;
+    PyObject *busy = NULL, *ident = NULL;
+    int rc = -1;
+    if (set_ll(conn, s_phase, phase + 1) == 0 && (busy = PyObject_GetAttr(conn, s_busy)) != NULL &&
+        (ident = PyObject_GetAttr(conn, s_ident)) != NULL)
+        rc = PyDict_SetItem(busy, ident, conn);
+    Py_XDECREF(busy);
+    Py_XDECREF(ident);
+    return rc;
+}
+
+/* ConnInput.idle()'s twin: every call taken from the kernel is handled. */
+static int conn_idle(PyObject *conn) {
+    long long phase;
+    if (get_ll(conn, s_phase, &phase) < 0) return -1;
+    if (!(phase & 1)) return 0;
+    PyObject *busy = PyObject_GetAttr(conn, s_busy), *ident = busy == NULL ? NULL : PyObject_GetAttr(conn, s_ident);
+    int rc = ident == NULL ? -1 : PyDict_DelItem(busy, ident);
+    if (rc < 0 && ident != NULL && PyErr_ExceptionMatches(PyExc_KeyError)) { /* busy.pop(ident, None) */
+        PyErr_Clear();
+        rc = 0;
+    }
+    Py_XDECREF(busy);
+    Py_XDECREF(ident);
+    return rc < 0 ? -1 : set_ll(conn, s_phase, phase + 1);
+}
+
+/* _Receiving.note(me)'s twin (luxun.net's RECEIVING, and its mirror here, as note() keeps it). */
+static int receiving_note(PyObject *receiving, unsigned long me) {
+    if (g_ident == me) return 0;
+    long long now = mono_ns();
+    PyObject *ident = PyLong_FromUnsignedLong(me), *since = PyFloat_FromDouble((double)now / 1e9);
+    int rc = ident == NULL || since == NULL || PyObject_SetAttr(receiving, s_ident, ident) < 0 ||
+                     PyObject_SetAttr(receiving, s_since, since) < 0
+                 ? -1
+                 : 0;
+    Py_XDECREF(ident);
+    Py_XDECREF(since);
+    if (rc == 0) {
+        g_since = now;
+        __atomic_store_n(&g_ident, me, __ATOMIC_RELAXED);
+    }
+    return rc;
+}
+
 typedef struct Parked {
     int fd;
     unsigned char *buf;
     size_t len;
     unsigned long me;
-    PyObject *hold, *idle, *note; /* the parked thread keeps them alive */
+    PyObject *conn, *receiving; /* its ConnInput, and RECEIVING: the parked thread keeps them alive */
     sem_t done;
     Py_ssize_t got;                   /* handed back: bytes in buf (0: closed), -1 an exception */
     PyObject *exc_type, *exc_value, *exc_tb;
@@ -709,7 +840,7 @@ static void hand_back(LoopObject *lp, Parked *c, Py_ssize_t got) {
 /* A parked connection is readable: serve what came, or hand it back. 1 a small reply was
  * sent (busy polling may follow), 0 otherwise. */
 static int serve_ready(LoopObject *lp, Parked *c) {
-    if (call0(c->hold) < 0) {
+    if (conn_hold(c->conn) < 0) {
         hand_back(lp, c, -1);
         return 0;
     }
@@ -719,14 +850,14 @@ static int serve_ready(LoopObject *lp, Parked *c) {
     } while (n < 0 && errno == EINTR);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) { /* woken for nothing */
-            if (call0(c->idle) < 0) hand_back(lp, c, -1);
+            if (conn_idle(c->conn) < 0) hand_back(lp, c, -1);
             return 0;
         }
         PyErr_SetFromErrno(PyExc_OSError);
         hand_back(lp, c, -1);
         return 0;
     }
-    if (g_ident != c->me && call0(c->note) < 0) {
+    if (receiving_note(c->receiving, c->me) < 0) {
         hand_back(lp, c, -1);
         return 0;
     }
@@ -742,7 +873,7 @@ static int serve_ready(LoopObject *lp, Parked *c) {
         hand_back(lp, c, n);
         return 0;
     }
-    if (handled < 0 || add_to(lp->metrics, s_calls, 1) < 0 || call0(c->idle) < 0) {
+    if (handled < 0 || add_to(lp->metrics, s_calls, 1) < 0 || conn_idle(c->conn) < 0) {
         hand_back(lp, c, -1);
         return 0;
     }
@@ -788,8 +919,8 @@ static void loop_dealloc(LoopObject *lp) {
 static PyObject *loop_park(LoopObject *lp, PyObject *args) {
     int fd;
     unsigned long me;
-    PyObject *bufobj, *hold, *idle, *note;
-    if (!PyArg_ParseTuple(args, "iOkOOO:park", &fd, &bufobj, &me, &hold, &idle, &note)) return NULL;
+    PyObject *bufobj, *conn, *receiving;
+    if (!PyArg_ParseTuple(args, "iOkOO:park", &fd, &bufobj, &me, &conn, &receiving)) return NULL;
     if (!lp->running || lp->stopping) Py_RETURN_NONE;
     Py_buffer buf;
     if (PyObject_GetBuffer(bufobj, &buf, PyBUF_WRITABLE) < 0) return NULL;
@@ -799,9 +930,8 @@ static PyObject *loop_park(LoopObject *lp, PyObject *args) {
     c.buf = buf.buf;
     c.len = (size_t)buf.len;
     c.me = me;
-    c.hold = hold;
-    c.idle = idle;
-    c.note = note;
+    c.conn = conn;
+    c.receiving = receiving;
     sem_init(&c.done, 0, 0);
     c.next = lp->parked;
     if (c.next) c.next->prev = &c;
@@ -897,7 +1027,7 @@ static PyObject *loop_stop(LoopObject *lp, PyObject *noargs) {
 
 static PyMethodDef loop_methods[] = {
     {"park", (PyCFunction)loop_park, METH_VARARGS,
-     "park(fd, buf, me, hold, idle, note) -> bytes left in buf for the Python loop (0: closed), or None"},
+     "park(fd, buf, me, conn, receiving) -> bytes left in buf for the Python loop (0: closed), or None"},
     {"run", (PyCFunction)loop_run, METH_NOARGS, "run(): serve the parked connections until stop()"},
     {"stop", (PyCFunction)loop_stop, METH_NOARGS, "stop(): run() hands every connection back and returns"},
     {NULL, NULL, 0, NULL},
@@ -949,13 +1079,15 @@ PyMODINIT_FUNC PyInit__netloop(void) {
         return NULL;
     for (int i = 1; i < 6; i++)
         if ((k_fields[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
-    static const char *attrs[15] = {"flush_count", "max_message_size", "queue", "array", "used", "stats",
-                                    "items_in", "bytes_in", "waiters", "watchers", "notify", "produce",
-                                    "items_out", "bytes_out", "consume"};
-    PyObject **slots[15] = {&s_flush_count, &s_max_message_size, &s_queue, &s_array, &s_used, &s_stats,
-                            &s_items_in, &s_bytes_in, &s_waiters, &s_watchers, &s_notify, &s_produce,
-                            &s_items_out, &s_bytes_out, &s_consume};
-    for (int i = 0; i < 15; i++)
+    static const char *attrs[] = {"flush_count", "max_message_size", "queue", "array", "used", "stats",
+                                  "items_in", "bytes_in", "waiters", "watchers", "notify", "produce",
+                                  "items_out", "bytes_out", "consume", "_lock", "_calls", "acquire",
+                                  "release", "count", "sum_s", "buckets", "phase", "busy", "ident", "since"};
+    PyObject **slots[] = {&s_flush_count, &s_max_message_size, &s_queue, &s_array, &s_used, &s_stats,
+                          &s_items_in, &s_bytes_in, &s_waiters, &s_watchers, &s_notify, &s_produce,
+                          &s_items_out, &s_bytes_out, &s_consume, &s__lock, &s__calls, &s_acquire,
+                          &s_release, &s_count, &s_sum_s, &s_buckets, &s_phase, &s_busy, &s_ident, &s_since};
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)
         if ((*slots[i] = PyUnicode_InternFromString(attrs[i])) == NULL) return NULL;
     /* PyCapsule_Import imports only "bigarray" itself: the submodule first. */
     PyObject *mod = PyImport_ImportModule("bigarray._fastpath");

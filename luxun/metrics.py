@@ -178,7 +178,8 @@ class Metrics:
 
     def observe(self, call: str, seconds: float, error_code: int | None, count: int = 1) -> None:
         """Record ``count`` calls that took ``seconds`` each and, when they failed,
-        their errorCode (oneway produces are handled in batches: one record each)."""
+        their errorCode (oneway produces are handled in batches: one record each).
+        luxun/_netloop.c's observe_here is its twin for one successful call: keep them in step."""
         with self._lock:
             stats = self._calls.get(call)
             if stats is None:

@@ -131,6 +131,7 @@ class _Receiving:
         self.since = 0.0
 
     def note(self, me: int) -> None:
+        # luxun/_netloop.c's receiving_note is its twin: keep them in step.
         if self.ident != me:
             self.ident = me
             self.since = time.monotonic()
@@ -171,7 +172,8 @@ class ConnInput:
             self.poller.register(sock, select.POLLIN)
 
     def hold(self) -> None:
-        """About to take bytes from the kernel (or to handle more of those taken)."""
+        """About to take bytes from the kernel (or to handle more of those taken). (The
+        shared loop of luxun/_netloop.c has its C twin, conn_hold, and idle's, conn_idle.)"""
         if not self.phase & 1:
             self.phase += 1
             self.busy[self.ident] = self

@@ -470,7 +470,7 @@ class ThriftServer(TcpServer):
                     if fast is not None and start == end and frames is buf:
                         # Nothing held: the compiled loop waits, receives and serves the
                         # small sync calls until bytes it leaves to this loop come.
-                        n = shared.park(fd, buf, me, conn.hold, conn.idle, note) if shared is not None else None
+                        n = shared.park(fd, buf, me, conn, receiving) if shared is not None else None
                         if n is None:  # no shared loop (or not yet, or no more): this thread's own
                             n = fast(fd, buf, me, self.busy_poll_us, conn.hold, conn.idle, note, metrics,
                                      produce_item, produce_reply_frame, consume_single, here)  # fmt: skip

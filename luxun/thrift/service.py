@@ -114,7 +114,7 @@ from ..errors import (
     TopicNotExist,
 )
 from ..logs import RateLimitedLog
-from ..metrics import Metrics
+from ..metrics import LATENCY_BUCKETS_S, Metrics
 from ..partitions import KIND_KAFKA_BATCH
 from ..records import HEADER_SIZE as BATCH_HEADER_SIZE
 from ..records import MAGIC as BATCH_MAGIC
@@ -274,8 +274,9 @@ class QueueHandler:
         """What the compiled loop (luxun._netloop) needs to serve the common calls itself,
         in C, without calling :meth:`produce_item` or :meth:`consume_single`: the open
         topics by name, the topic manager (its ``flush_count``), this handler (its
-        ``max_message_size``), ``metrics.observe``, :meth:`_batches_as_packs` and what
-        :func:`_may_be_batch` compares.
+        ``max_message_size``), ``metrics.observe``, :meth:`_batches_as_packs`, what
+        :func:`_may_be_batch` compares, and the metrics with their latency buckets (the C
+        twin of ``Metrics.observe`` counts the calls there when their lock is free).
 
         It appends a produce's item there only when it is within ``max_message_size``, to
         an open topic, while ``flush_count`` is off, through bigarray's inlined append
@@ -294,6 +295,8 @@ class QueueHandler:
             BATCH_HEADER_SIZE,
             BATCH_MAGIC_OFFSET,
             BATCH_MAGIC,
+            self.metrics,
+            LATENCY_BUCKETS_S,
         )
 
     def async_produce_many(self, name: str | None, items: list[bytes | bytearray | memoryview | None]) -> None:

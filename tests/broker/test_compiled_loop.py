@@ -206,7 +206,8 @@ def test_both_loops_answer_every_call_with_the_same_bytes(both_brokers: Any, loo
     assert metric(python, "luxun_compiled_loop_in_place_total") == 0
     # ... and counted them as the handler does: the topic's stats, the calls by method.
     for name in ("luxun_topic_items_in_total", "luxun_topic_bytes_in_total", "luxun_topic_items_out_total",
-                 "luxun_topic_bytes_out_total", "luxun_requests_total"):  # fmt: skip
+                 "luxun_topic_bytes_out_total", "luxun_requests_total",
+                 "luxun_request_duration_seconds_count"):  # fmt: skip
         assert counters(compiled, name) == counters(python, name), name
 
 
