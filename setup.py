@@ -16,22 +16,17 @@ without it the compiled loop calls the handler for those calls.
 
 from setuptools import Extension, setup
 
+
+def optional(name: str, depends: tuple[str, ...] = ()) -> Extension:
+    """A compiled module built from the C file of the same path, skipped where it cannot be."""
+    source = name.replace(".", "/") + ".c"
+    return Extension(name, [source], depends=list(depends), optional=True, extra_compile_args=["-O2"])
+
+
 setup(
     ext_modules=[
-        Extension("luxun._records", ["luxun/_records.c"], optional=True, extra_compile_args=["-O2"]),
-        Extension(
-            "luxun._netloop",
-            ["luxun/_netloop.c"],
-            depends=["bigarray/_fastpath.h"],
-            optional=True,
-            extra_compile_args=["-O2"],
-        ),
-        Extension(
-            "bigarray._fastpath",
-            ["bigarray/_fastpath.c"],
-            depends=["bigarray/_fastpath.h"],
-            optional=True,
-            extra_compile_args=["-O2"],
-        ),
+        optional("luxun._records"),
+        optional("luxun._netloop", depends=("bigarray/_fastpath.h",)),
+        optional("bigarray._fastpath", depends=("bigarray/_fastpath.h",)),
     ]
 )

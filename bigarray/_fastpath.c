@@ -45,22 +45,6 @@ static PyObject *s_lock, *s_acquire, *s_release, *s_data_off, *s_data_fast_end, 
     *s_auto_cleanup, *s_maybe_cleanup, *s_group_lock;
 static long long g_slot_mask, g_slot_bits, g_page_bits;
 
-static int get_ll(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
-static int set_ll(PyObject *obj, PyObject *name, long long value) {
-    PyObject *v = PyLong_FromLongLong(value);
-    if (v == NULL) return -1;
-    int rc = PyObject_SetAttr(obj, name, v);
-    Py_DECREF(v);
-    return rc;
-}
-
 static void put_be(unsigned char *p, uint64_t v, int size) {
     for (int i = size - 1; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
 }
@@ -323,7 +307,7 @@ static PyObject *py_dequeue(PyObject *self, PyObject *const *args, Py_ssize_t na
     return none_or(dequeue_raw(args[0], args[1]));
 }
 
-static BigArrayFastAPI api = {append_raw, get_raw, dequeue_raw};
+static BigArrayFastAPI api = {append_raw, get_raw, dequeue_raw, try_lock, unlock};
 
 static PyMethodDef methods[] = {
     {"append", (PyCFunction)(void (*)(void))py_append, METH_FASTCALL,

@@ -83,7 +83,7 @@ static PyObject *s_resultCode, *s_errorCode, *s_errorMessage, *s_busy_polls, *s_
 static PyObject *k_fields[6]; /* ConsumeRequest's attribute names by field id (1-5) */
 static PyObject *s_flush_count, *s_max_message_size, *s_queue, *s_array, *s_used, *s_stats, *s_items_in, *s_bytes_in,
     *s_waiters, *s_watchers, *s_notify, *s_produce, *s_items_out, *s_bytes_out, *s_consume, *s__lock, *s__calls,
-    *s_acquire, *s_release, *s_count, *s_sum_s, *s_buckets, *s_phase, *s_busy, *s_ident, *s_since;
+    *s_count, *s_sum_s, *s_buckets, *s_phase, *s_busy, *s_ident, *s_since;
 
 /* bigarray._fastpath's C API (bigarray/_fastpath.c); NULL where it is not built. */
 static const BigArrayFastAPI *g_bigarray;
@@ -180,14 +180,6 @@ static int is_success(PyObject *result) {
     return ok;
 }
 
-static int get_ll(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
 static int add_to(PyObject *obj, PyObject *name, long n) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) return -1;
@@ -219,24 +211,15 @@ enum {
     CTX_SIZE
 };
 
-static int set_ll(PyObject *obj, PyObject *name, long long value) {
-    PyObject *v = PyLong_FromLongLong(value);
-    if (v == NULL) return -1;
-    int rc = PyObject_SetAttr(obj, name, v);
-    Py_DECREF(v);
-    return rc;
-}
-
 /* Metrics.observe(call, seconds, None)'s twin (luxun.metrics): under the metrics' lock, taken
  * without waiting, a call of a method already counted. 1 done, 0 not (observe does it), -1
  * an exception. */
 static int observe_here(PyObject *ctx, PyObject *call, double seconds) {
+    if (g_bigarray == NULL) return 0; /* its lock helpers are bigarray._fastpath's */
     PyObject *metrics = PyTuple_GET_ITEM(ctx, CTX_METRICS), *bounds = PyTuple_GET_ITEM(ctx, CTX_BOUNDS);
     PyObject *lock = PyObject_GetAttr(metrics, s__lock), *calls = NULL, *sum = NULL, *buckets = NULL;
     if (lock == NULL) return -1;
-    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
-    int taken = got == NULL ? -1 : got == Py_True;
-    Py_XDECREF(got);
+    int taken = g_bigarray->try_lock(lock);
     if (taken <= 0) {
         Py_DECREF(lock);
         return taken;
@@ -268,18 +251,8 @@ out:
     Py_XDECREF(buckets);
     Py_XDECREF(sum);
     Py_XDECREF(calls);
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    if (g_bigarray->unlock(lock) < 0) rc = -1;
     Py_DECREF(lock);
-    if (released == NULL) { /* cannot happen: this thread holds it */
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        return -1;
-    }
-    Py_DECREF(released);
-    PyErr_Restore(type, value, tb);
     return rc;
 }
 
@@ -1081,12 +1054,12 @@ PyMODINIT_FUNC PyInit__netloop(void) {
         if ((k_fields[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     static const char *attrs[] = {"flush_count", "max_message_size", "queue", "array", "used", "stats",
                                   "items_in", "bytes_in", "waiters", "watchers", "notify", "produce",
-                                  "items_out", "bytes_out", "consume", "_lock", "_calls", "acquire",
-                                  "release", "count", "sum_s", "buckets", "phase", "busy", "ident", "since"};
+                                  "items_out", "bytes_out", "consume", "_lock", "_calls", "count",
+                                  "sum_s", "buckets", "phase", "busy", "ident", "since"};
     PyObject **slots[] = {&s_flush_count, &s_max_message_size, &s_queue, &s_array, &s_used, &s_stats,
                           &s_items_in, &s_bytes_in, &s_waiters, &s_watchers, &s_notify, &s_produce,
-                          &s_items_out, &s_bytes_out, &s_consume, &s__lock, &s__calls, &s_acquire,
-                          &s_release, &s_count, &s_sum_s, &s_buckets, &s_phase, &s_busy, &s_ident, &s_since};
+                          &s_items_out, &s_bytes_out, &s_consume, &s__lock, &s__calls, &s_count,
+                          &s_sum_s, &s_buckets, &s_phase, &s_busy, &s_ident, &s_since};
     for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)
         if ((*slots[i] = PyUnicode_InternFromString(attrs[i])) == NULL) return NULL;
     /* PyCapsule_Import imports only "bigarray" itself: the submodule first. */
