@@ -3,7 +3,7 @@
  * note(ident): the thread that received bytes last (luxun.net's RECEIVING mirrors each
  * change here, so that a busy poll, which runs without the interpreter, sees it).
  *
- * Loop(poll_us, metrics, produce_reply, here): the shared loop, one thread serving every
+ * Loop(poll_us, metrics, here): the shared loop, one thread serving every
  * parked connection's common calls in place (see "The shared loop" below); what the Thrift
  * door uses by default.
  *
@@ -316,7 +316,8 @@ done:
     return rc;
 }
 
-/* One produce frame body [p, p+n): 1 handled (reply sent), 0 not canonical, -1 error. */
+/* One produce frame body [p, p+n): 1 handled (reply sent), 0 not canonical, -1 error.
+ * produce_item and produce_reply NULL (the shared loop): only an append in place is served. */
 static int serve_produce(int fd, const unsigned char *p, Py_ssize_t n, PyObject *produce_item,
                          PyObject *produce_reply, PyObject *here_ctx, PyObject *metrics) {
     /* head 4 | name 11 | seqid 4 | ARGS_ITEM 6 | item length 4 | item | TOPIC 3 | length 4 | topic | 0 0 */
@@ -699,7 +700,7 @@ static PyObject *serve(PyObject *self, PyObject *args) {
 
 /* ---- The shared loop ------------------------------------------------------------------
  *
- * Loop(poll_us, metrics, produce_reply, here): one thread (run()) waits in epoll for the
+ * Loop(poll_us, metrics, here): one thread (run()) waits in epoll for the
  * connections parked in it and serves their calls in place (append_here, consume_here),
  * so a call costs no wake-up of a connection's own thread and no hand-over of the
  * interpreter between connection threads: with several busy clients, those were a third of
@@ -787,7 +788,7 @@ typedef struct {
     PyObject_HEAD
     int ep, wake;
     long long poll_ns;
-    PyObject *metrics, *produce_reply, *here;
+    PyObject *metrics, *here;
     Parked *parked;
     int running, stopping;
 } LoopObject;
@@ -839,7 +840,7 @@ static int serve_ready(LoopObject *lp, Parked *c) {
         hand_back(lp, c, n);
         return 0;
     }
-    int handled = b[11] == 7 && b[12] == 'p'   ? serve_produce(c->fd, b + 4, n - 4, NULL, lp->produce_reply, lp->here, lp->metrics)
+    int handled = b[11] == 7 && b[12] == 'p'   ? serve_produce(c->fd, b + 4, n - 4, NULL, NULL, lp->here, lp->metrics)
                   : b[11] == 7 && b[12] == 'c' ? serve_consume(c->fd, b + 4, n - 4, NULL, lp->here, lp->metrics)
                                                : 0;
     if (handled == 0) {
@@ -855,9 +856,9 @@ static int serve_ready(LoopObject *lp, Parked *c) {
 
 static PyObject *loop_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     long poll_us;
-    PyObject *metrics, *produce_reply, *here;
-    static char *kwlist[] = {"poll_us", "metrics", "produce_reply", "here", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "lOOO:Loop", kwlist, &poll_us, &metrics, &produce_reply, &here))
+    PyObject *metrics, *here;
+    static char *kwlist[] = {"poll_us", "metrics", "here", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "lOO:Loop", kwlist, &poll_us, &metrics, &here))
         return NULL;
     if (!PyTuple_Check(here) || PyTuple_GET_SIZE(here) != CTX_SIZE) {
         PyErr_SetString(PyExc_TypeError, "Loop: here must be QueueHandler.in_place_calls()");
@@ -875,7 +876,6 @@ static PyObject *loop_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     lp->poll_ns = (long long)poll_us * 1000;
     lp->metrics = Py_NewRef(metrics);
-    lp->produce_reply = Py_NewRef(produce_reply);
     lp->here = Py_NewRef(here);
     return (PyObject *)lp;
 }
@@ -884,7 +884,6 @@ static void loop_dealloc(LoopObject *lp) {
     if (lp->ep >= 0) close(lp->ep);
     if (lp->wake >= 0) close(lp->wake);
     Py_XDECREF(lp->metrics);
-    Py_XDECREF(lp->produce_reply);
     Py_XDECREF(lp->here);
     Py_TYPE(lp)->tp_free((PyObject *)lp);
 }

@@ -243,7 +243,7 @@ class ThriftServer(TcpServer):
         """Start the shared loop's thread (where it serves), then accept connections."""
         if self.shared_loop:
             here = self._handler.in_place_calls()
-            self._loop = NETLOOP.Loop(self.busy_poll_us, self.metrics, produce_reply_frame, here)
+            self._loop = NETLOOP.Loop(self.busy_poll_us, self.metrics, here)
             self._loop_thread = threading.Thread(target=self._run_loop, name="thrift-loop", daemon=True)
             self._loop_thread.start()
         super().start()
