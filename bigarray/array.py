@@ -89,6 +89,8 @@ class BigArray(ArrayWrites, ArrayReads, ArrayOffsets, ArrayRetention, ArrayRecov
         # Bounds of append's inlined path (see _arm_fast_append); -1: not yet.
         self._data_fast_end = -1
         self._index_fast_end = -1
+        self._counted_data_fast_end = -1
+        self._counted_index_fast_end = -1
         self._data_mm = self._index_mm = NO_PAGE.mm
         self._head_cell = BE_I64()
         # The index and data page the last read went to, not referenced (see get()).
@@ -209,6 +211,7 @@ class BigArray(ArrayWrites, ArrayReads, ArrayOffsets, ArrayRetention, ArrayRecov
     def _close_files(self) -> None:
         self._closed = True
         self._data_fast_end = self._index_fast_end = -1
+        self._counted_data_fast_end = self._counted_index_fast_end = -1
         self._head_cell = BE_I64()  # no export of the meta page left: it can be unmapped
         if self._prefetch:
             PREFETCHER.forget(self.path)

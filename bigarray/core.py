@@ -123,6 +123,8 @@ class ArrayCore:
     _last_ts: int
     _data_fast_end: int
     _index_fast_end: int
+    _counted_data_fast_end: int
+    _counted_index_fast_end: int
     _data_mm: mmap.mmap
     _index_mm: mmap.mmap
     _write_fd: int

@@ -89,20 +89,38 @@ class ArrayWrites(ArrayCore):
         lock = self._lock
         lock.acquire()  # not ``with``: 140 ns against 66 here, on a call of about 1 us
         try:
-            # The inlined path: a plain item (aux 0, bigqueue's bytes) that fits in the
-            # room armed for it (see _arm_fast_append). Everything else, including the
-            # checks that room implies (open, item size, page, reserved disk, read-ahead
-            # points, default clock, no counted item so far), is in _append_slowly.
+            # The inlined paths: an item that fits in the room armed for it (see
+            # _arm_fast_append), either plain (aux 0, bigqueue's bytes) while every record
+            # offset is its item's index, or any other (its aux: its kind and end offset).
+            # Everything else, including the checks that room implies (open, item size,
+            # page, reserved disk, read-ahead points, default clock), is in _append_slowly.
             off = self._data_off
             end = off + n
             idx = self._head
             if (
-                end > self._data_fast_end
-                or idx >= self._index_fast_end
-                or count != 1
-                or kind
-                or n >= _WRITE_THROUGH_FILE_MIN_SINGLE  # into the file (see _append_slowly)
+                end <= self._data_fast_end
+                and idx < self._index_fast_end
+                and count == 1
+                and not kind
+                and n < _WRITE_THROUGH_FILE_MIN_SINGLE  # else into the file (see _append_slowly)
             ):
+                aux = 0
+                nxt = idx + 1
+            elif (
+                end <= self._counted_data_fast_end
+                and idx < self._counted_index_fast_end
+                and n < _WRITE_THROUGH_FILE_MIN_SINGLE
+                and type(count) is int
+                and type(kind) is int
+                and count >= 1
+                and 0 <= kind <= fmt.MAX_KIND
+                and self._next_offset + count <= fmt.MAX_END_OFFSET
+            ):
+                nxt = self._next_offset + count
+                aux = (kind << fmt.OFFSET_BITS) | nxt
+                if nxt != idx + 1:  # offsets and indexes part: plain items need an aux now
+                    self._data_fast_end = self._index_fast_end = -1
+            else:
                 return self._append_slowly(item, count, kind)
             self._data_mm[off:end] = item
             ts = _time_ns() // 1_000_000  # now_ms(), inlined
@@ -110,10 +128,10 @@ class ArrayWrites(ArrayCore):
                 ts = self._last_ts
             else:
                 self._last_ts = ts
-            pack_plain_index_item(self._index_mm, (idx & SLOT_MASK) << SLOT_BITS, self._data_page_no, off, n, ts)
+            pack_index_item(self._index_mm, (idx & SLOT_MASK) << SLOT_BITS, self._data_page_no, off, n, ts, aux)
             self._data_off = end
+            self._next_offset = nxt  # before head: see find_offset
             idx_1 = idx + 1
-            self._next_offset = idx_1  # before head: see find_offset
             self._head = idx_1
             self._head_cell.value = idx_1  # the commit point
             return idx
@@ -168,32 +186,32 @@ class ArrayWrites(ArrayCore):
                 self._arm_fast_append()
 
     def _arm_fast_append(self) -> None:
-        """Set the room of append's inlined path from the writer's state (lock held):
-        it may copy data up to offset ``_data_fast_end`` of the head data page (what is
+        """Set the room of append's inlined paths from the writer's state (lock held):
+        they may copy data up to offset ``_data_fast_end`` of the head data page (what is
         reserved on disk, and not past the point where the next page is read ahead)
         and write index items below index ``_index_fast_end`` (in the head index page,
-        reserved, and not at the slot where the next one is read ahead). -1 sends every
+        reserved, and not at the slot where the next one is read ahead). That room is
+        ``_counted_data_fast_end`` / ``_counted_index_fast_end`` for items with an aux
+        (a count or a kind), and the plain ones' only while every record offset so far
+        is its item's index (else -1: a plain item needs an aux too). -1 sends every
         append to :meth:`_append_slowly`: closed, no head pages mapped yet, another
-        clock, or an array whose items carry record offsets. Called after every write
-        through the general paths, whether it succeeded or not."""
+        clock. Called after every write through the general paths, whether it succeeded
+        or not."""
         dpage, ipage = self._data_page, self._index_page
-        if (
-            self._closed
-            or dpage is None
-            or ipage is None
-            or self._next_offset != self._head
-            or self._clock is not now_ms
-        ):
-            self._data_fast_end = self._index_fast_end = -1
+        self._data_fast_end = self._index_fast_end = -1
+        self._counted_data_fast_end = self._counted_index_fast_end = -1
+        if self._closed or dpage is None or ipage is None or self._clock is not now_ms:
             return
         self._data_mm = dpage.mm
         self._index_mm = ipage.mm
-        self._data_fast_end = min(self._data_room, self._prefetch_next_at)
+        data_end = min(self._data_room, self._prefetch_next_at)
         first = ipage.page_no << PAGE_BITS
         end = first + self._index_room
         if self._prefetch and self._head <= first + _INDEX_PREFETCH_SLOT:
             end = min(end, first + _INDEX_PREFETCH_SLOT)
-        self._index_fast_end = end
+        self._counted_data_fast_end, self._counted_index_fast_end = data_end, end
+        if self._next_offset == self._head:
+            self._data_fast_end, self._index_fast_end = data_end, end
 
     def _aux_for(self, count: int, kind: int) -> int:
         """The aux of an item of ``count`` records and kind ``kind`` appended now, when

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -121,6 +122,63 @@ def test_counts_and_kinds_through_append_and_append_many(tmp_path: Path) -> None
         ends.append(32)
         kinds.append(0)
         check_offsets(arr, ends, kinds)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_append_inlined_writes_what_its_general_path_writes(tmp_path: Path, prefetch: bool) -> None:
+    """append's inlined paths (plain items, and items with a count or a kind) leave the
+    files _append_slowly leaves: one array with the default clock (the inlined paths
+    armed), one with another clock (every append through _append_slowly), the same
+    items of every shape, several pages; timestamps aside."""
+    sizes = [1, 100, 195, 1000, 4096, 70_000]  # 70 KB goes into the file
+    shapes = [(1, 0), (1, 0), (1, 3), (1, 0), (5, 3), (1, 0), (2, 0), (1, 7), (100, 3)]
+    fast_dir, slow_dir = tmp_path / "fast", tmp_path / "slow"
+    fast = BigArray(fast_dir, data_page_size=256 << 10, prefetch=prefetch)
+    slow = BigArray(slow_dir, data_page_size=256 << 10, prefetch=prefetch, clock=FakeClock())
+    general = 0
+    slowly = fast._append_slowly
+
+    def counted(item: Any, count: int, kind: int) -> int:
+        nonlocal general
+        general += 1
+        return slowly(item, count, kind)
+
+    fast._append_slowly = counted  # type: ignore[method-assign]
+    counts: list[int] = []
+    kinds: list[int] = []
+    for i in range(1200):
+        count, kind = shapes[i % len(shapes)] if i >= 40 else (1, 0)  # plain ones first
+        item = bytes([i % 251]) * sizes[i % len(sizes)]
+        if 40 <= i < 43:  # the first counted item, inlined, then a plain one, inlined too
+            count, kind, item = [(1, 7), (4, 0), (1, 0)][i - 40] + (bytes([i]) * 100,)
+        assert fast.append(item, count=count, kind=kind) == slow.append(item, count=count, kind=kind) == i
+        counts.append(count)
+        kinds.append(kind)
+    assert general < 450  # the 70 KB items (200), new pages and the read-ahead points
+    ends = model_ends(counts)
+    check_offsets(fast, ends, kinds)
+    fast.close()
+    slow.close()
+    got, expected = (
+        {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        for root in (fast_dir, slow_dir)
+    )
+    if prefetch:  # pages read ahead by another thread: as many as it got to
+        got = {name: data for name, data in got.items() if name in expected}
+        expected = {name: data for name, data in expected.items() if name in got}
+    assert got.keys() == expected.keys()
+    for name, data in expected.items():
+        if name.startswith(fmt.INDEX_DIR + os.sep):
+            mine, theirs = bytearray(got[name]), bytearray(data)
+            for at in range(0, len(mine), fmt.INDEX_ITEM_SIZE):  # timestamps aside
+                mine[at + 16 : at + 24] = theirs[at + 16 : at + 24] = bytes(8)
+            assert mine == theirs, name
+        else:
+            assert got[name] == data, name
+    with BigArray(fast_dir) as again:  # and it reads back after a reopen
+        check_offsets(again, ends, kinds)
+        assert again.get(1199) == bytes([1199 % 251]) * sizes[1199 % len(sizes)]
+        assert again.get(42) == bytes([42]) * 100
 
 
 def test_the_first_counted_item_inside_a_batch(tmp_path: Path) -> None:
