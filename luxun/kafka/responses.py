@@ -19,6 +19,7 @@ Thread-safety: pure functions.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
@@ -37,6 +38,9 @@ _FETCH_V4: Final = struct.Struct(">ihqq")
 # ... and log start offset (v5+)
 _FETCH_V5: Final = struct.Struct(">ihqqq")
 _NO_TAGS: Final = b"\0"
+# throttle_time_ms 0, and the tagged fields after it (flexible versions)
+_THROTTLE: Final = b"\0\0\0\0"
+_THROTTLE_TAGGED: Final = _THROTTLE + _NO_TAGS
 # producer id, first offset (an aborted transaction)
 _ABORTED: Final = struct.Struct(">qq")
 
@@ -63,7 +67,13 @@ class FetchPartition(NamedTuple):
     aborted: Sequence[tuple[int, int]] | None = None
 
 
+# One byte each: every array length and name length below 127 (nearly all of them).
+_SMALL_UVARINTS: Final = tuple(bytes((n,)) for n in range(0x80))
+
+
 def _uvarint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_UVARINTS[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -76,6 +86,11 @@ def _array_len(n: int, flexible: bool) -> bytes:
     return _uvarint(n + 1) if flexible else _I32.pack(n)
 
 
+@functools.lru_cache(maxsize=1024)  # topic names, answered again and again
+def _name(s: str, flexible: bool) -> bytes:
+    return _string(s, flexible)
+
+
 def _string(s: str | None, flexible: bool) -> bytes:
     if s is None:
         return b"\0" if flexible else b"\xff\xff"
@@ -83,19 +98,34 @@ def _string(s: str | None, flexible: bool) -> bytes:
     return (_uvarint(len(raw) + 1) if flexible else len(raw).to_bytes(2, "big")) + raw
 
 
+def _clean_tail(version: int) -> bytes:
+    """What follows a partition's offsets in a ProduceResponse when it has no record
+    errors and no message (the answer to nearly every produce)."""
+    flexible = version >= 9
+    tail = _array_len(0, flexible) + _string(None, flexible) if version >= 8 else b""
+    return tail + _NO_TAGS if flexible else tail
+
+
+_CLEAN_TAILS: Final = {version: _clean_tail(version) for version in range(3, 10)}
+
+
 def produce_response(version: int, topics: Sequence[tuple[str, Sequence[ProducePartition]]]) -> bytes:
     """The body of a ProduceResponse (v3-v9) for ``topics``: (name, partitions)."""
     flexible = version >= 9
+    clean = _CLEAN_TAILS[version]
     out = [_array_len(len(topics), flexible)]
     add = out.append
     for name, partitions in topics:
-        add(_string(name, flexible))
+        add(_name(name, flexible))
         add(_array_len(len(partitions), flexible))
         for p in partitions:
             if version >= 5:
                 add(_PRODUCE_V5.pack(p.partition, p.error_code, p.base_offset, p.log_append_time, p.log_start_offset))
             else:
                 add(_PRODUCE_V3.pack(p.partition, p.error_code, p.base_offset, p.log_append_time))
+            if p.error_message is None and not p.record_errors:
+                add(clean)
+                continue
             if version >= 8:
                 add(_array_len(len(p.record_errors), flexible))
                 for index, message in p.record_errors:
@@ -108,9 +138,7 @@ def produce_response(version: int, topics: Sequence[tuple[str, Sequence[ProduceP
                 add(_NO_TAGS)
         if flexible:
             add(_NO_TAGS)
-    add(b"\0\0\0\0")  # throttle_time_ms
-    if flexible:
-        add(_NO_TAGS)
+    add(_THROTTLE_TAGGED if flexible else _THROTTLE)
     return b"".join(out)
 
 
@@ -122,7 +150,7 @@ def fetch_response(version: int, topics: Sequence[tuple[str, Sequence[FetchParti
     head = bytearray(_FETCH_HEAD_V7.pack(0, 0, 0) if version >= 7 else b"\0\0\0\0")
     head += _array_len(len(topics), flexible)
     for name, partitions in topics:
-        head += _string(name, flexible)
+        head += _name(name, flexible)
         head += _array_len(len(partitions), flexible)
         for p in partitions:
             if version >= 5:
