@@ -125,9 +125,12 @@ MAGIC_OFFSET: Final = 16
 #: Where maxTimestamp is in a batch (the time index reads it from stored batches).
 MAX_TIMESTAMP_OFFSET: Final = _MAX_TIMESTAMP_OFFSET
 
-# Everything after baseOffset: batchLength .. recordCount.
-_HEADER: Final = struct.Struct(">iibIhiqqqhii")
 _I64: Final = struct.Struct(">q")
+# A batch's header from its first byte, in Batch's order: base offset, batchLength,
+# partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta, baseTimestamp,
+# maxTimestamp, producerId, producerEpoch, baseSequence, recordCount.
+_BATCH_HEAD: Final = struct.Struct(">qiibIhiqqqhii")
+_new_tuple: Final = tuple.__new__
 _I32: Final = struct.Struct(">i")
 _U32: Final = struct.Struct(">I")
 _I16: Final = struct.Struct(">h")
@@ -260,7 +263,7 @@ def split_batches(records: bytes | bytearray | memoryview, *, from_client: bool 
     total = len(view)
     batches: list[Batch] = []
     pos = 0
-    unpack = _HEADER.unpack_from
+    unpack = _BATCH_HEAD.unpack_from
     while pos < total:
         left = total - pos
         if left > MAGIC_OFFSET:
@@ -277,9 +280,8 @@ def split_batches(records: bytes | bytearray | memoryview, *, from_client: bool 
             raise BatchError(
                 CORRUPT_MESSAGE, f"record batch at byte {pos} is truncated: {left} bytes, a header needs {HEADER_SIZE}"
             )
-        (length, epoch, magic, crc, attributes, last_delta, base_ts, max_ts, pid, pepoch, base_seq, count) = unpack(
-            view, pos + 8
-        )
+        head = unpack(view, pos)
+        (_, length, _, magic, crc, attributes, last_delta, _, _, pid, _, base_seq, count) = head
         if length < HEADER_SIZE - LOG_OVERHEAD:
             raise BatchError(
                 CORRUPT_MESSAGE,
@@ -325,25 +327,7 @@ def split_batches(records: bytes | bytearray | memoryview, *, from_client: bool 
                 raise BatchError(
                     INVALID_RECORD, f"record batch at byte {pos}: invalid sequence {base_seq} with producer id {pid}"
                 )
-        base_offset = _I64.unpack_from(view, pos)[0]
-        batches.append(
-            Batch(
-                view[pos:end],
-                base_offset,
-                length,
-                epoch,
-                magic,
-                crc,
-                attributes,
-                last_delta,
-                base_ts,
-                max_ts,
-                pid,
-                pepoch,
-                base_seq,
-                count,
-            )
-        )
+        batches.append(_new_tuple(Batch, (view[pos:end], *head)))  # Batch(...) without its __new__'s call
         pos = end
     return batches
 

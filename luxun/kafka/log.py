@@ -638,8 +638,11 @@ class KafkaLog:
         return NONE, None
 
     # -- partitions --------------------------------------------------------------------
-    def _partition(self, topic: str, partition: int) -> Topic | None:
-        info = self.describe(topic)
+    def _partition(self, topic: str, partition: int, info: TopicInfo | None = None) -> Topic | None:
+        """The open partition ``partition`` of ``topic`` (``info``: its describe() just
+        read, if the caller has it); None if there is no such partition."""
+        if info is None:
+            info = self.describe(topic)
         if info is None or not 0 <= partition < info.partitions:
             return None
         name = partition_topic(topic, partition)
@@ -698,9 +701,11 @@ class KafkaLog:
         except rec.BatchError as exc:
             errors = () if exc.record is None else ((exc.record, str(exc)),)
             return ProduceResult(error=exc.code, message=str(exc), record_errors=errors)
-        for _attempt in range(3):
-            part = self._partition(topic, partition)
-            if part is None or info is None:
+        for attempt in range(3):
+            if info is None:
+                return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+            part = self._partition(topic, partition, None if attempt else info)  # looked up again after a close
+            if part is None:
                 return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
             state = self._state(part.name)
             try:
