@@ -268,19 +268,94 @@ class KafkaHandler:
 
     def handle_frame(self, frame: bytes, peer: Any, session: SaslSession | None = None) -> bytes | list[Any] | None:
         """See :class:`~luxun.kafka.server.FrameHandler`."""
+        header, request = self._read(frame)
+        if request is None:
+            return self._api_versions_fallback(header)
+        return self._answer(header, request, peer, session)
+
+    def handle_frames(
+        self, frames: list[bytes], peer: Any, session: SaslSession | None = None
+    ) -> tuple[list[bytes | list[Any] | None], ValueError | None]:
+        """See :class:`~luxun.kafka.server.FrameHandler`. Consecutive requests for one
+        partition of one topic (no transactional id, no ACLs to ask) are stored with
+        :meth:`KafkaLog.produce_many`; everything else as :meth:`handle_frame` does."""
+        answers: list[bytes | list[Any] | None] = []
+        run: list[tuple[P.RequestHeader, Any]] = []  # requests for the same partition, not yet stored
+        run_of: tuple[str, int] | None = None
+        try:
+            for frame in frames:
+                header, request = self._read(frame)
+                one = self._one_partition(header, request, session)
+                if run and one != run_of:
+                    self._produce_run(run, answers)
+                if one is not None:
+                    run.append((header, request))
+                    run_of = one
+                elif request is None:
+                    answers.append(self._api_versions_fallback(header))
+                else:
+                    answers.append(self._answer(header, request, peer, session))
+        except ValueError as exc:
+            self._produce_run(run, answers)  # the requests before it, as if handled one by one
+            return answers, exc
+        self._produce_run(run, answers)
+        return answers, None
+
+    def _one_partition(
+        self, header: P.RequestHeader, request: Any, session: SaslSession | None
+    ) -> tuple[str, int] | None:
+        """(topic, partition) of a Produce that writes one partition, with no
+        transactional id, from a connection no ACL is asked for; else None."""
+        if header.api_key != PRODUCE or request is None or request.transactional_id is not None:
+            return None
+        if self.acls is not None and session is not None:  # produce() asks them
+            return None
+        topics = request.topic_data
+        if len(topics) != 1 or len(topics[0].partition_data) != 1:
+            return None
+        return topics[0].name, topics[0].partition_data[0].index
+
+    def _produce_run(self, run: list[tuple[P.RequestHeader, Any]], answers: list[bytes | list[Any] | None]) -> None:
+        """Store a run of Produce requests for one partition (see :meth:`handle_frames`),
+        append their answers, and empty ``run``."""
+        if not run:
+            return
+        t = run[0][1].topic_data[0]
+        name, index = t.name, t.partition_data[0].index
+        results = self.log.produce_many(name, index, [r.topic_data[0].partition_data[0].records for _, r in run])
+        for (header, request), result in zip(run, results, strict=True):
+            answer = [(name, [self._produce_answer(name, index, result)])]
+            answers.append(
+                None if request.acks == 0 else self._frame(header, produce_response(header.api_version, answer))
+            )
+        run.clear()
+
+    def _read(self, frame: bytes) -> tuple[P.RequestHeader, Any]:
+        """A request frame's header and request (counted); request None: an ApiVersions
+        of a version not served (answered by :meth:`_api_versions_fallback`).
+
+        Raises:
+            ProtocolError: the frame does not parse, or its API version is not served.
+        """
         header = P.parse_request_header(frame, self._is_flexible)
         key, version = header.api_key, header.api_version
         served = self.versions.get(key)
         self.metrics.count_kafka_request(key, version)
         if served is None or not served[0] <= version <= served[1]:
             if key == API_VERSIONS:
-                return self._api_versions_fallback(header)
+                return header, None
             self.metrics.count_kafka_error(UNSUPPORTED_VERSION)
             raise P.ProtocolError(
                 f"API {key} v{version} is not supported"
                 + (f" (this broker serves v{served[0]}..v{served[1]})" if served else "")
             )
-        request = P.read_request(header, frame)
+        return header, P.read_request(header, frame)
+
+    def _answer(
+        self, header: P.RequestHeader, request: Any, peer: Any, session: SaslSession | None
+    ) -> bytes | list[Any] | None:
+        """The response frame to a request read by :meth:`_read` (None: none)."""
+        key, version = header.api_key, header.api_version
         method = self._methods.get(key)
         if method is not None:
             response = method(request, header, session)
@@ -467,32 +542,29 @@ class KafkaHandler:
                 responses.append((t.name, [ProducePartition(p.index, err, -1, -1, -1, None) for p in t.partition_data]))
                 continue
             for p in t.partition_data:
-                result = self.log.produce(t.name, p.index, p.records)
-                if result.error != NONE:
-                    self.metrics.count_kafka_error(result.error)
-                    if result.message:
-                        _limited.warning(
-                            f"kafka-produce-{result.error}",
-                            "produce to %s-%d refused: %s",
-                            t.name,
-                            p.index,
-                            result.message,
-                        )
-                parts.append(
-                    ProducePartition(
-                        p.index,
-                        result.error,
-                        result.base_offset,
-                        result.log_append_time,
-                        result.log_start_offset,
-                        result.message,
-                        result.record_errors,
-                    )
-                )
+                parts.append(self._produce_answer(t.name, p.index, self.log.produce(t.name, p.index, p.records)))
             responses.append((t.name, parts))
         if request.acks == 0:
             return None
         return produce_response(header.api_version, responses)
+
+    def _produce_answer(self, topic: str, partition: int, result: Any) -> ProducePartition:
+        """A partition's answer to a Produce (its refusal counted and logged)."""
+        if result.error != NONE:
+            self.metrics.count_kafka_error(result.error)
+            if result.message:
+                _limited.warning(
+                    f"kafka-produce-{result.error}", "produce to %s-%d refused: %s", topic, partition, result.message
+                )
+        return ProducePartition(
+            partition,
+            result.error,
+            result.base_offset,
+            result.log_append_time,
+            result.log_start_offset,
+            result.message,
+            result.record_errors,
+        )
 
     # -- Fetch -------------------------------------------------------------------------
     def fetch(self, request: Any, header: P.RequestHeader, session: SaslSession | None = None) -> Any:

@@ -672,6 +672,26 @@ class KafkaLog:
 
     def produce(self, topic: str, partition: int, records: bytes | None) -> ProduceResult:
         """Append the record batches of one partition of a Produce request."""
+        prepared = self._prepare(topic, partition, records)
+        if isinstance(prepared, ProduceResult):
+            return prepared
+        return self._store(topic, partition, prepared[0], [prepared[1]])[0]
+
+    def produce_many(self, topic: str, partition: int, records: Sequence[bytes | None]) -> list[ProduceResult]:
+        """:meth:`produce` of several requests' records for the same partition, in order,
+        one result each, as if produced one after the other (a refused one stores
+        nothing, the others are stored), their batches stored with one append where
+        that is the same (none from an idempotent or transactional producer)."""
+        prepared = [self._prepare(topic, partition, r) for r in records]
+        good = [p for p in prepared if not isinstance(p, ProduceResult)]
+        stored = iter(self._store(topic, partition, good[0][0], [p[1] for p in good]) if good else ())
+        return [p if isinstance(p, ProduceResult) else next(stored) for p in prepared]
+
+    def _prepare(
+        self, topic: str, partition: int, records: bytes | None
+    ) -> ProduceResult | tuple[TopicInfo, list[rec.Batch]]:
+        """A Produce's records read and checked before anything is stored: ``(topic's
+        info, the batches to store)``, or the refusal."""
         try:
             batches = rec.split_batches(records or b"")
         except rec.BatchError as exc:
@@ -701,25 +721,43 @@ class KafkaLog:
         except rec.BatchError as exc:
             errors = () if exc.record is None else ((exc.record, str(exc)),)
             return ProduceResult(error=exc.code, message=str(exc), record_errors=errors)
+        if info is None:
+            return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+        return info, batches
+
+    def _store(
+        self, topic: str, partition: int, info: TopicInfo, requests: Sequence[Sequence[rec.Batch]]
+    ) -> list[ProduceResult]:
+        """Store each request's checked batches, in order: one result each. Requests
+        that may be stored together (no producer id: nothing to check against what is
+        stored) go in one append; if that append fails, nothing of it was stored, and
+        they are stored one by one to answer each as it would have been alone."""
+        results: list[ProduceResult] = []
+        one_by_one = len(requests) == 1 or any(b.producer_id >= 0 for batches in requests for b in batches)
+        log_append = info.timestamp_type == "LogAppendTime"
         for attempt in range(3):
-            if info is None:
-                return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
             part = self._partition(topic, partition, None if attempt else info)  # looked up again after a close
             if part is None:
-                return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+                break
             state = self._state(part.name)
             try:
                 with state.lock:
-                    return self._append(part, state, batches, info.timestamp_type == "LogAppendTime")
+                    while len(results) < len(requests):
+                        todo = requests[len(results) : len(results) + 1] if one_by_one else requests[len(results) :]
+                        try:
+                            results += self._append(part, state, todo, log_append)
+                        except (ItemTooLargeError, TopicStorageError) as exc:
+                            if len(todo) > 1:
+                                one_by_one = True
+                                continue
+                            code = MESSAGE_TOO_LARGE if isinstance(exc, ItemTooLargeError) else KAFKA_STORAGE_ERROR
+                            results.append(ProduceResult(error=code, message=str(exc)))  # (storage errors logged)
+                return results
             except ArrayClosedError:
                 continue  # closed to make room, or deleted: look again
             except UnknownTopicError:
-                return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
-            except ItemTooLargeError as exc:
-                return ProduceResult(error=MESSAGE_TOO_LARGE, message=str(exc))
-            except TopicStorageError as exc:  # logged by the topic manager
-                return ProduceResult(error=KAFKA_STORAGE_ERROR, message=str(exc))
-        return ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION)
+                break
+        return results + [ProduceResult(error=UNKNOWN_TOPIC_OR_PARTITION) for _ in requests[len(results) :]]
 
     def _too_large(self, batches: Sequence[rec.Batch], info: TopicInfo | None) -> ProduceResult | None:
         """MESSAGE_TOO_LARGE if a batch is larger than the topic's ``max.message.bytes``
@@ -736,13 +774,18 @@ class KafkaLog:
                 )
         return None
 
-    def _append(self, part: Topic, state: _PartitionState, batches: Sequence[Any], log_append: bool) -> ProduceResult:
+    def _append(
+        self, part: Topic, state: _PartitionState, requests: Sequence[Sequence[rec.Batch]], log_append: bool
+    ) -> list[ProduceResult]:
+        """Store the batches of ``requests`` (one, or several without a producer id) with
+        one append (``state.lock`` held): a result for each."""
         if not state.rebuilt:
             self._rebuild_producers(part.queue, state)
+        batches = requests[0] if len(requests) == 1 else [b for batches in requests for b in batches]
         duplicate = self._check_sequences(state, batches, part.name)
         if isinstance(duplicate, ProduceResult):
             duplicate.log_start_offset = self.log_start(part)
-            return duplicate
+            return [duplicate]
         now = int(time.time() * 1000)
         items = [rec.with_log_append_time(b.data, now) if log_append else b.data for b in batches]
         counts = [b.record_count for b in batches]
@@ -751,19 +794,22 @@ class KafkaLog:
         part, first = self.topics.append(part.name, items, counts, KIND_KAFKA_BATCH, create=False, call="Kafka produce")
         queue = part.queue
         self._index_times(part.name, state, queue, first, [now if log_append else b.max_timestamp for b in batches])
-        base = queue.first_offset(first)
-        offset = base
-        for b in batches:
-            if b.producer_id >= 0:
-                ps = state.producers.setdefault(b.producer_id, _ProducerState(b.producer_epoch))
-                ps.epoch = b.producer_epoch
-                ps.batches.append((b.base_sequence, b.base_sequence + b.record_count - 1, offset))
-                if b.attributes & _TRANSACTIONAL:
-                    self._txns(state, queue).begin(b.producer_id, offset)
-            offset += b.record_count
-        return ProduceResult(
-            base_offset=base, log_append_time=now if log_append else -1, log_start_offset=self.log_start(part)
-        )
+        offset = queue.first_offset(first)
+        log_start = self.log_start(part)
+        results = []
+        for request in requests:
+            results.append(
+                ProduceResult(base_offset=offset, log_append_time=now if log_append else -1, log_start_offset=log_start)
+            )
+            for b in request:
+                if b.producer_id >= 0:
+                    ps = state.producers.setdefault(b.producer_id, _ProducerState(b.producer_epoch))
+                    ps.epoch = b.producer_epoch
+                    ps.batches.append((b.base_sequence, b.base_sequence + b.record_count - 1, offset))
+                    if b.attributes & _TRANSACTIONAL:
+                        self._txns(state, queue).begin(b.producer_id, offset)
+                offset += b.record_count
+        return results
 
     @staticmethod
     def _txns(state: _PartitionState, queue: Any) -> TxnIndex:

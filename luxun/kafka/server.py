@@ -56,6 +56,8 @@ _UNBUDGETED = 4096
 FETCH_SEND_TIMEOUT_S = 30.0
 # Produce responses held back at most, while more produce requests are buffered.
 _PENDING_BYTES = 256 * 1024
+# Produce requests already buffered handled as one run at most (FrameHandler.handle_frames).
+_RUN_FRAMES = 1024
 #: Largest frame before authentication (Kafka's sasl.server.max.receive.size default).
 SASL_MAX_RECEIVE_BYTES = 512 * 1024
 #: A connection not authenticated this long after it opened is closed.
@@ -75,6 +77,14 @@ class FrameHandler(Protocol):
             ValueError: the request cannot be parsed; the connection is closed (after
                 sending the ``response`` of a :class:`~luxun.kafka.protocol.CloseConnection`).
         """
+
+    def handle_frames(
+        self, frames: list[bytes], peer: Any, session: SaslSession | None = None
+    ) -> tuple[list[bytes | list[Any] | None], ValueError | None]:
+        """Answer several Produce request frames of a connection that arrived together,
+        in order, as :meth:`handle_frame` one after the other would (a handler may store
+        them together): ``(answers, refusal)``, an answer per frame up to the first one
+        refused, and that refusal (the connection then closes), or None."""
 
     def new_session(self, peer: Any = None) -> SaslSession | None:
         """A new connection's SASL session (one already logged in: an anonymous one, for
@@ -255,6 +265,14 @@ class KafkaServer(TcpServer):
             frame = buf[pos + 4 : pos + 4 + size]
             pos += 4 + size
             produce = frame[:2] == b"\0\0"
+            frames = [frame]
+            while produce and len(frames) < _RUN_FRAMES:  # the produce requests already here: one run
+                nxt = len(buf) - pos
+                size = _I32.unpack_from(buf, pos)[0] if nxt >= 6 else 0
+                if not 0 < size <= max_frame or nxt - 4 < size or buf[pos + 4 : pos + 6] != b"\0\0":
+                    break
+                frames.append(buf[pos + 4 : pos + 4 + size])
+                pos += 4 + size
             if pending and not produce:
                 _send(sock, pending)
                 pending.clear()
@@ -268,7 +286,11 @@ class KafkaServer(TcpServer):
                 and nxt - 4 >= _I32.unpack_from(buf, pos)[0]
                 and buf[pos + 4 : pos + 6] == b"\0\0"
             )
-            out = self._handle(sock, peer, frame, pending if later or pending else None, session)
+            if len(frames) > 1:
+                out = self._handle_run(sock, peer, frames, pending, session)
+            else:
+                out = self._handle(sock, peer, frame, pending if later or pending else None, session)
+            del frame, frames
             if out is None:
                 return
             pending_bytes += out
@@ -276,6 +298,31 @@ class KafkaServer(TcpServer):
                 _send(sock, pending)
                 pending.clear()
                 pending_bytes = 0
+
+    def _handle_run(
+        self, sock: socket.socket, peer: Any, frames: list[bytes], pending: list[Any], session: SaslSession | None
+    ) -> int | None:
+        """Answer a run of produce frames (``handle_frames``): the responses are appended
+        to ``pending``. Returns the bytes appended, or None if the connection must close
+        (after the answers to the frames before the refused one are sent)."""
+        answers, refused = self._handler.handle_frames(frames, peer, session)
+        added = 0
+        for out in answers:
+            if out is None:
+                continue
+            if isinstance(out, bytes):
+                pending.append(out)
+                added += len(out)
+            else:
+                pending.extend(out)
+                added += sum(len(b) for b in out)
+        if refused is not None:
+            if pending:
+                _send(sock, pending)
+                pending.clear()
+            self._close_after(sock, peer, refused)
+            return None
+        return added
 
     def _handle(
         self, sock: socket.socket, peer: Any, frame: bytes, pending: list[Any] | None, session: SaslSession | None

@@ -97,3 +97,39 @@ def test_a_retry_after_a_broker_restart_is_still_recognised(tmp_path: Path) -> N
         assert [(m.offset(), m.value()) for m in got] == [(i, b"%d" % i) for i in range(7)]
     finally:
         broker.stop()
+
+
+def test_produce_many_answers_each_request_as_if_alone(tmp_path: Path) -> None:
+    """KafkaLog.produce_many (a run of pipelined Produce requests for one partition, see
+    test_pipelining.py): an idempotent producer's batches are checked one by one (a retry
+    in the run is answered with the first one's offset, stored once), and when one
+    append of the run fails (an item larger than a data page), nothing of it was stored
+    and each request is stored alone: the one at fault refused, the others stored."""
+    from luxun.kafka.log import KafkaLog
+    from luxun.partitions import partition_topic
+    from luxun.topics import TopicManager
+
+    message_too_large = 10
+    topics = TopicManager(str(tmp_path / "data"), data_page_size_bytes=4096)
+    try:
+        kafka = KafkaLog(topics)
+        assert kafka.create("r", 1) == (0, None)
+
+        def idem(values: list[bytes], seq: int) -> bytes:
+            return record_batch(values, producer_id=1000, producer_epoch=0, base_sequence=seq)
+
+        big = record_batch([b"x" * 5000])  # past a 4 KiB data page
+        results = kafka.produce_many(
+            "r",
+            0,
+            [idem([b"a0", b"a1", b"a2"], 0), idem([b"a0", b"a1", b"a2"], 0), idem([b"b0"], 3), record_batch([b"p"])],
+        )
+        assert [(r.error, r.base_offset) for r in results] == [(0, 0), (0, 0), (0, 3), (0, 4)]
+        results = kafka.produce_many("r", 0, [record_batch([b"q0", b"q1"]), big, record_batch([b"s"]), None])
+        assert [(r.error, r.base_offset) for r in results] == [(0, 5), (message_too_large, -1), (0, 7), (2, -1)]
+        assert [r.log_start_offset for r in results] == [0, -1, 0, -1]
+        assert kafka.produce("r", 0, record_batch([b"t"])).base_offset == 8  # 8 records stored, once each
+        stored = topics.get(partition_topic("r", 0))
+        assert stored is not None and stored.queue.head == 6  # items: batches of 3, 1, 1, 2, 1, 1
+    finally:
+        topics.close()

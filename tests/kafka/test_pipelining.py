@@ -110,3 +110,41 @@ def test_requests_before_a_bad_frame_are_answered_before_the_connection_closes(b
         answers = [produce_answer(read_response(sock)) for _ in range(2)]
         assert sock.recv(1) == b""  # then the connection closes
     assert answers == [(1, 0, 0), (2, 0, 2)]
+
+
+def test_a_run_of_produce_requests_is_answered_as_one_by_one(broker: BrokerProcess) -> None:
+    """Produce requests that arrive together are stored as a run (KafkaHandler.handle_frames):
+    each still gets its own answer and offsets, a refused one stores nothing, acks=0 gets
+    no answer, another topic or partition splits the run, and a frame that closes the
+    connection leaves every request before it stored and answered, none after it."""
+    host, port = broker.bootstrap.split(":")
+
+    def to(topic: str, partition: int, correlation_id: int, records: bytes, acks: int = 1, version: int = 9) -> bytes:
+        data = [{"name": topic, "partition_data": [{"index": partition, "records": records}]}]
+        return request(0, version, correlation_id, acks=acks, timeout=10_000, topic_data=data)
+
+    corrupt = bytearray(batch(2, 100))
+    corrupt[-1] ^= 0xFF  # a value byte: the crc no longer matches
+    unsupported = bytearray(to("pipe", 0, 8, batch(1, 100)))
+    unsupported[6:8] = struct.pack(">h", 2)  # Produce v2: not served, the connection closes
+    frames = [
+        to("pipe", 0, 1, batch(2, 100)),
+        to("pipe", 0, 2, bytes(corrupt)),
+        to("pipe", 0, 3, batch(3, 100), acks=0),
+        to("other", 0, 4, batch(1, 100)),
+        to("pipe", 0, 5, batch(2, 100), version=3),
+        to("pipe", 7, 6, batch(1, 100)),  # no such partition
+        to("pipe", 0, 7, batch(1, 100)),
+        bytes(unsupported),
+        to("pipe", 0, 9, batch(1, 100)),  # after the refusal: never stored
+    ]
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request(3, 4, 99, topics=[{"name": "pipe"}, {"name": "other"}], allow_auto_topic_creation=True))
+        read_response(sock)
+        sock.sendall(b"".join(frames))
+        answers = [produce_answer(read_response(sock), 3 if i == 5 else 9) for i in (1, 2, 4, 5, 6, 7)]
+        assert sock.recv(1) == b""
+    assert answers == [(1, 0, 0), (2, 2, -1), (4, 0, 0), (5, 0, 5), (6, 3, -1), (7, 0, 7)]
+    with socket.create_connection((host, int(port)), timeout=30) as sock:  # 8 records stored: 0..7
+        sock.sendall(to("pipe", 0, 10, batch(1, 100)) + to("pipe", 0, 11, batch(1, 100)))
+        assert [produce_answer(read_response(sock)) for _ in range(2)] == [(10, 0, 8), (11, 0, 9)]
