@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import gc
 import logging
 import os
 import resource
@@ -427,6 +428,13 @@ class Broker:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.start()
+        # What the broker holds from its start (modules, classes, kio's schemas, config,
+        # open topics) lives as long as it does: kept out of the cyclic collector's full
+        # passes, which walked all of it each time (under pipelined one-record Kafka
+        # Produce requests, about one full pass every quarter second at 25 ms each: 14 %
+        # of the broker's CPU). Metrics: luxun_gc_frozen_objects, python_gc_*.
+        gc.collect()
+        gc.freeze()
         try:
             while not done.wait(1.0):
                 pass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import gc
 import html
 import json
 import logging
@@ -233,6 +234,20 @@ class Metrics:
                 out.append(f'luxun_kafka_groups{{state="{state}"}} {n}')
             family("luxun_kafka_group_rebalances_total", "counter", "Kafka group rebalances completed (generations).")
             out.append(f"luxun_kafka_group_rebalances_total {self.kafka_groups.rebalances_total}")
+
+        family("python_gc_collections_total", "counter", "Passes of the cyclic garbage collector, by generation.")
+        passes = gc.get_stats()
+        for generation, stats in enumerate(passes):
+            out.append(f'python_gc_collections_total{{generation="{generation}"}} {stats["collections"]}')
+        family("python_gc_objects_collected_total", "counter", "Objects the cyclic collector freed, by generation.")
+        for generation, stats in enumerate(passes):
+            out.append(f'python_gc_objects_collected_total{{generation="{generation}"}} {stats["collected"]}')
+        family(
+            "luxun_gc_frozen_objects",
+            "gauge",
+            "Objects the broker held when it started, left out of the collector's passes (gc.freeze).",
+        )
+        out.append(f"luxun_gc_frozen_objects {gc.get_freeze_count()}")
 
         manager = self.topic_manager
         if manager is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -47,6 +48,10 @@ def test_metrics_status_page_and_topics_json(broker_factory: Any) -> None:
     assert 'luxun_request_errors_total{method="consume",code="TOPIC_NOT_EXIST"} 1' in text
     assert 'luxun_request_duration_seconds_count{method="produce"} 3' in text
     assert "# TYPE luxun_request_duration_seconds histogram" in text
+    # what the broker held when it started is kept out of the collector's full passes
+    frozen = re.search(r"^luxun_gc_frozen_objects (\d+)$", text, re.MULTILINE)
+    assert frozen is not None and int(frozen.group(1)) > 10_000
+    assert re.search(r'^python_gc_collections_total\{generation="2"\} \d+$', text, re.MULTILINE)
     page = get(base + "/")
     assert "web" in page and "reader (2)" in page
     rows = json.loads(get(base + "/topics.json"))
