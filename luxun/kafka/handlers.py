@@ -56,7 +56,7 @@ from .admin import KafkaAdmin
 from .group_acls import GroupAcls
 from .group_configs import GroupConfigStore
 from .log import NONE, UNKNOWN_TOPIC_OR_PARTITION, KafkaLog, legal_topic_name
-from .responses import FetchPartition, ProducePartition, fetch_response, produce_response
+from .responses import FetchPartition, ProducePartition, clean_produce_response, fetch_response, produce_response
 from .sasl import AuthenticationFailed, Authenticator, SaslSession, UserStore
 
 __all__ = ["VERSIONS", "KafkaHandler"]
@@ -323,11 +323,14 @@ class KafkaHandler:
         t = run[0][1].topic_data[0]
         name, index = t.name, t.partition_data[0].index
         results = self.log.produce_many(name, index, [r.topic_data[0].partition_data[0].records for _, r in run])
-        for (header, request), result in zip(run, results, strict=True):
-            answer = [(name, [self._produce_answer(name, index, result)])]
-            answers.append(
-                None if request.acks == 0 else self._frame(header, produce_response(header.api_version, answer))
-            )
+        for (header, request), r in zip(run, results, strict=True):
+            if r.error == NONE and r.message is None and not r.record_errors:
+                body = clean_produce_response(
+                    header.api_version, name, index, r.base_offset, r.log_append_time, r.log_start_offset
+                )
+            else:
+                body = produce_response(header.api_version, [(name, [self._produce_answer(name, index, r)])])
+            answers.append(None if request.acks == 0 else self._frame(header, body))
         run.clear()
 
     def _read(self, frame: bytes) -> tuple[P.RequestHeader, Any]:

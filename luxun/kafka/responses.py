@@ -24,7 +24,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
-__all__ = ["FetchPartition", "ProducePartition", "fetch_response", "produce_response"]
+__all__ = ["FetchPartition", "ProducePartition", "clean_produce_response", "fetch_response", "produce_response"]
 
 _I32: Final = struct.Struct(">i")
 # index, error code, base offset, log append time
@@ -140,6 +140,28 @@ def produce_response(version: int, topics: Sequence[tuple[str, Sequence[ProduceP
             add(_NO_TAGS)
     add(_THROTTLE_TAGGED if flexible else _THROTTLE)
     return b"".join(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_partition_parts(version: int, name: str) -> tuple[bytes, bytes]:
+    """What comes before and after the partition's offsets in a ProduceResponse of one
+    topic ``name`` and one clean partition (see :func:`clean_produce_response`)."""
+    flexible = version >= 9
+    head = _array_len(1, flexible) + _name(name, flexible) + _array_len(1, flexible)
+    tail = _CLEAN_TAILS[version] + (_NO_TAGS + _THROTTLE_TAGGED if flexible else _THROTTLE)
+    return head, tail
+
+
+def clean_produce_response(
+    version: int, name: str, partition: int, base_offset: int, log_append_time: int, log_start_offset: int
+) -> bytes:
+    """:func:`produce_response` of one topic and one partition stored without error or
+    message (what a run of pipelined one-partition requests gets, each), from parts
+    laid out once per version and topic."""
+    head, tail = _one_partition_parts(version, name)
+    if version >= 5:
+        return head + _PRODUCE_V5.pack(partition, 0, base_offset, log_append_time, log_start_offset) + tail
+    return head + _PRODUCE_V3.pack(partition, 0, base_offset, log_append_time) + tail
 
 
 def fetch_response(version: int, topics: Sequence[tuple[str, Sequence[FetchPartition]]]) -> list[Any]:

@@ -8,7 +8,13 @@ import pytest
 from kio.serial import entity_writer
 
 from luxun.kafka import protocol as P
-from luxun.kafka.responses import FetchPartition, ProducePartition, fetch_response, produce_response
+from luxun.kafka.responses import (
+    FetchPartition,
+    ProducePartition,
+    clean_produce_response,
+    fetch_response,
+    produce_response,
+)
 
 
 def kio_body(api_key: int, version: int, **values: object) -> bytes:
@@ -101,3 +107,12 @@ def test_fetch_response_is_kios_encoding(version: int) -> None:
     assert b"".join(bytes(x) for x in parts) == expected
     # The records are handed over as they are, not copied.
     assert any(x is FETCH_TOPICS[0][1][3].records for x in parts)
+
+
+@pytest.mark.parametrize("version", range(3, 10))
+@pytest.mark.parametrize("name", ["events", "t" * 300])
+def test_a_clean_one_partition_produce_response_is_produce_responses(version: int, name: str) -> None:
+    """clean_produce_response (a run's answers) lays out what produce_response does."""
+    for offsets in ((1234, -1, 0), (1 << 40, 1_700_000_000_123, 17)):
+        expected = produce_response(version, [(name, [ProducePartition(3, 0, *offsets, None)])])
+        assert clean_produce_response(version, name, 3, *offsets) == expected
