@@ -173,6 +173,12 @@ class Metrics:
         with self._lock:
             self.kafka_requests[key] = self.kafka_requests.get(key, 0) + 1
 
+    def count_kafka_requests(self, counts: dict[tuple[int, int], int]) -> None:
+        """Several :meth:`count_kafka_request` at once: ``{(api_key, version): n}``."""
+        with self._lock:
+            for key, n in counts.items():
+                self.kafka_requests[key] = self.kafka_requests.get(key, 0) + n
+
     def count_kafka_error(self, code: int) -> None:
         with self._lock:
             self.kafka_errors[code] = self.kafka_errors.get(code, 0) + 1

@@ -282,9 +282,10 @@ class KafkaHandler:
         answers: list[bytes | list[Any] | None] = []
         run: list[tuple[P.RequestHeader, Any]] = []  # requests for the same partition, not yet stored
         run_of: tuple[str, int] | None = None
+        counted: dict[tuple[int, int], int] = {}
         try:
             for frame in frames:
-                header, request = self._read(frame)
+                header, request = self._read(frame, counted)
                 one = self._one_partition(header, request, session)
                 if run and one != run_of:
                     self._produce_run(run, answers)
@@ -298,6 +299,8 @@ class KafkaHandler:
         except ValueError as exc:
             self._produce_run(run, answers)  # the requests before it, as if handled one by one
             return answers, exc
+        finally:
+            self.metrics.count_kafka_requests(counted)
         self._produce_run(run, answers)
         return answers, None
 
@@ -333,9 +336,10 @@ class KafkaHandler:
             answers.append(None if request.acks == 0 else self._frame(header, body))
         run.clear()
 
-    def _read(self, frame: bytes) -> tuple[P.RequestHeader, Any]:
-        """A request frame's header and request (counted); request None: an ApiVersions
-        of a version not served (answered by :meth:`_api_versions_fallback`).
+    def _read(self, frame: bytes, counted: dict[tuple[int, int], int] | None = None) -> tuple[P.RequestHeader, Any]:
+        """A request frame's header and request (counted in the metrics, or in
+        ``counted`` for the caller to add); request None: an ApiVersions of a version not
+        served (answered by :meth:`_api_versions_fallback`).
 
         Raises:
             ProtocolError: the frame does not parse, or its API version is not served.
@@ -343,7 +347,10 @@ class KafkaHandler:
         header = P.parse_request_header(frame, self._is_flexible)
         key, version = header.api_key, header.api_version
         served = self.versions.get(key)
-        self.metrics.count_kafka_request(key, version)
+        if counted is None:
+            self.metrics.count_kafka_request(key, version)
+        else:
+            counted[key, version] = counted.get((key, version), 0) + 1
         if served is None or not served[0] <= version <= served[1]:
             if key == API_VERSIONS:
                 return header, None

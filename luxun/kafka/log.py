@@ -176,7 +176,7 @@ class _PartitionState:
     txns: TxnIndex | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class ProduceResult:
     error: int = NONE
     base_offset: int = -1
@@ -672,7 +672,7 @@ class KafkaLog:
 
     def produce(self, topic: str, partition: int, records: bytes | None) -> ProduceResult:
         """Append the record batches of one partition of a Produce request."""
-        prepared = self._prepare(topic, partition, records)
+        prepared = self._prepare(topic, partition, records, self.describe(topic))
         if isinstance(prepared, ProduceResult):
             return prepared
         return self._store(topic, partition, prepared[0], [prepared[1]])[0]
@@ -682,23 +682,23 @@ class KafkaLog:
         one result each, as if produced one after the other (a refused one stores
         nothing, the others are stored), their batches stored with one append where
         that is the same (none from an idempotent or transactional producer)."""
-        prepared = [self._prepare(topic, partition, r) for r in records]
+        info = self.describe(topic)
+        prepared = [self._prepare(topic, partition, r, info) for r in records]
         good = [p for p in prepared if not isinstance(p, ProduceResult)]
         stored = iter(self._store(topic, partition, good[0][0], [p[1] for p in good]) if good else ())
         return [p if isinstance(p, ProduceResult) else next(stored) for p in prepared]
 
     def _prepare(
-        self, topic: str, partition: int, records: bytes | None
+        self, topic: str, partition: int, records: bytes | None, info: TopicInfo | None
     ) -> ProduceResult | tuple[TopicInfo, list[rec.Batch]]:
         """A Produce's records read and checked before anything is stored: ``(topic's
-        info, the batches to store)``, or the refusal."""
+        info, the batches to store)``, or the refusal. ``info``: the topic's describe()."""
         try:
             batches = rec.split_batches(records or b"")
         except rec.BatchError as exc:
             return ProduceResult(error=exc.code, message=str(exc))
         if not batches:
             return ProduceResult(error=CORRUPT_MESSAGE, message="no record batch in the request")
-        info = self.describe(topic)
         too_large = self._too_large(batches, info)
         if too_large is not None:
             return too_large

@@ -4,9 +4,12 @@ sizes and however the bytes arrive."""
 from __future__ import annotations
 
 import io
+import re
 import socket
 import struct
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -112,11 +115,23 @@ def test_requests_before_a_bad_frame_are_answered_before_the_connection_closes(b
     assert answers == [(1, 0, 0), (2, 0, 2)]
 
 
-def test_a_run_of_produce_requests_is_answered_as_one_by_one(broker: BrokerProcess) -> None:
+def test_a_run_of_produce_requests_is_answered_as_one_by_one(tmp_path: Path) -> None:
     """Produce requests that arrive together are stored as a run (KafkaHandler.handle_frames):
     each still gets its own answer and offsets, a refused one stores nothing, acks=0 gets
     no answer, another topic or partition splits the run, and a frame that closes the
-    connection leaves every request before it stored and answered, none after it."""
+    connection leaves every request before it stored and answered, none after it; each
+    request read is counted in the metrics."""
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True, metrics=True).start()
+    try:
+        run_requests(broker)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=5).read().decode()
+    finally:
+        broker.stop()
+    counted = dict(re.findall(r'^luxun_kafka_requests_total\{api_key="0",version="(\d+)"\} (\d+)$', text, re.MULTILINE))
+    assert counted == {"2": "1", "3": "1", "9": "8"}  # the one after the refusal was never read
+
+
+def run_requests(broker: BrokerProcess) -> None:
     host, port = broker.bootstrap.split(":")
 
     def to(topic: str, partition: int, correlation_id: int, records: bytes, acks: int = 1, version: int = 9) -> bytes:
