@@ -139,11 +139,11 @@ class ArrayWrites(ArrayCore):
             lock.release()
 
     def _append_slowly(self, item: bytes | bytearray | memoryview, count: int, kind: int) -> int:
-        """:meth:`append` with every step and check its inlined path leaves out: the
+        """:meth:`append` with every step and check its inlined paths leave out: the
         first append after open, a new page or more reserved disk (data or index), the
         read-ahead points, a closed array, an item too large, another clock than
-        :func:`now_ms`, and items that carry their aux (a count, a kind, or an array
-        that held a counted item before). Arms the inlined path again afterwards."""
+        :func:`now_ms`, and a count or kind that is not a plain int in range. Arms the
+        inlined paths again afterwards."""
         n = len(item)
         with self._lock:
             try:
