@@ -36,7 +36,10 @@
 
 #include "_fastpath.h"
 
-/* bigarray.write._WRITE_THROUGH_FILE_MIN_SINGLE: single items this big go to the file. */
+/* Single items this big go to BigArray.append (which writes those of
+ * bigarray.write._WRITE_THROUGH_FILE_MIN_SINGLE, 32 KiB, or more into the page file): the
+ * ones in between are copied into the mapping here, as append did before 2026-11-29 (the
+ * bytes stored are the same; writing them through the file here is not measured yet). */
 #define WRITE_THROUGH_FILE_MIN_SINGLE (64 << 10)
 
 static PyObject *s_lock, *s_acquire, *s_release, *s_data_off, *s_data_fast_end, *s_head, *s_index_fast_end,

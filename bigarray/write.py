@@ -11,7 +11,7 @@ Four ways bytes reach a data page, by item size: copied into the mapping (append
 inlined path, and batches of a few small items, _append_small_batch, with no numpy);
 joined and copied into the mapping (batches of small items, one copy per data page);
 joined and written with one ``pwrite`` (512 B to 2 KiB on average); and written item
-by item with ``pwritev`` (2 KiB or more on average, and single items of 64 KiB or
+by item with ``pwritev`` (2 KiB or more on average, and single items of 32 KiB or
 more), see :meth:`ArrayWrites._write_through_file`. Appends, like retention and
 close, run under the array's lock.
 """
@@ -57,8 +57,14 @@ _WRITE_JOINED_MIN_ITEM = 512
 #: Single items (append) of this many bytes or more are written with pwrite too. Measured
 #: in a broker (sync produce, old/new alternately, 3 rounds): 100 KB 1 client 4.7-4.9 ->
 #: 6.7-6.9 k items/s, broker CPU 232-247 -> 143-150 us per item; 70 KB a smaller gain;
-#: 20-50 KB with 4 clients no gain or a loss (the write lets go of the GIL).
-_WRITE_THROUGH_FILE_MIN_SINGLE = 64 << 10
+#: 20-50 KB with 4 clients no gain or a loss (2026-11-26: the Thrift door's thread per
+#: connection, the write letting go of the GIL). The Kafka door's batches of 40-56 KB
+#: (2026-11-29, confluent-kafka, 100 B records, 6 s, alternately): 0.32-0.33 -> 0.19-0.20
+#: us of broker CPU a record with 1 producer (batch.size 56769), 0.36-0.38 -> 0.25-0.26
+#: with 3 (40000): the mapping's copies faulted in pages the kernel zeroed first, half
+#: of the broker's CPU. 16 KB and 8 KB batches: no change either way, hence 32 KiB.
+#: bigarray._fastpath (luxun's compiled Thrift path) keeps the mapping up to 64 KiB.
+_WRITE_THROUGH_FILE_MIN_SINGLE = 32 << 10
 _IOV_MAX = 1024  # buffers per pwritev (Linux's UIO_MAXIOV)
 #: append_many of at most this many items takes append's inlined path for each when they
 #: fit its room (BigArray._append_small_batch). In process, 100 B / 1 KB items, us per item
@@ -71,7 +77,7 @@ class ArrayWrites(ArrayCore):
     head pages, reserved room and read-ahead."""
 
     def append(self, item: bytes | bytearray | memoryview, count: int = 1, kind: int = 0) -> int:
-        """Append one item and return its index (an item of 64 KiB or more is written into
+        """Append one item and return its index (an item of 32 KiB or more is written into
         the page file with ``pwrite``, a smaller one copied into the mapping).
 
         ``count`` is how many records the item holds (they get the record offsets

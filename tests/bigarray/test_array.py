@@ -163,16 +163,21 @@ def test_batches_of_mid_sized_items_are_joined_into_the_page_files(tmp_path, pre
 
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_single_big_items_go_into_the_page_files(tmp_path, prefetch):
-    """An append of an item of 64 KiB or more writes it with pwrite (the head page's file
-    is then open for it): every bytes-like kind, page rolls, small appends and batches
+    """An append of an item of 32 KiB or more writes it with pwrite (the head page's file
+    is then open for it), one just under through the mapping: every bytes-like kind, items
+    with a record count (the Kafka door's batches), page rolls, small appends and batches
     between, each read back at once, all of them after a reopen."""
     rng = random.Random(6)
     kinds = [bytes, bytearray, memoryview]
     expected: list[bytes] = []
     with open_array(tmp_path / "a", data_page_size=1 << 20, prefetch=prefetch) as arr:
-        for i in range(48):  # ~6 MB in 1 MiB pages
-            item = os.urandom(rng.randrange(64 << 10, 200_000))
-            assert arr.append(kinds[i % 3](item)) == len(expected)
+        for size in ((32 << 10) - 1, (32 << 10) - 1):  # twice: the second one inlined
+            expected.append(os.urandom(size))
+            assert arr.append(expected[-1], 3) == len(expected) - 1
+            assert arr._write_fd < 0  # through the mapping
+        for i in range(48):  # ~5 MB in 1 MiB pages
+            item = os.urandom(rng.randrange(32 << 10, 200_000) if i else 32 << 10)
+            assert arr.append(kinds[i % 3](item), 1 + i % 2) == len(expected)
             assert arr._write_fd >= 0  # written through the file, not the mapping
             expected.append(item)
             if i % 5 == 0:
