@@ -229,6 +229,7 @@ class Broker:
                 max_frame_bytes=config.max_message_size_bytes + FRAME_OVERHEAD_BYTES,
                 metrics=self.metrics,
                 busy_poll_us=config.busy_poll_us,
+                async_batch_us=config.async_batch_us,
             )
             self.handler.await_earlier_input = self.server.await_earlier_input
             log.info("Thrift door: %s", self.server.loop_text)

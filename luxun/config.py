@@ -36,6 +36,7 @@ key                                        field                         default
 ``max.topics`` (ours)                      ``max_topics``                0 (no limit)
 ``max.open.topics`` (ours)                 ``max_open_topics``           0 (sized from the limits)
 ``busy.poll.us`` (ours)                    ``busy_poll_us``              200 (0 = never)
+``async.batch.us`` (ours)                   ``async_batch_us``            200 (0 = never)
 ``kafka.sasl.mechanisms`` (ours)           ``kafka_sasl_mechanisms``     none (SASL off)
 ``kafka.sasl.users.file`` (ours)           ``kafka_sasl_users_file``     none
 ``kafka.allow.unauthenticated`` (ours)     ``kafka_allow_unauthenticated`` false
@@ -149,6 +150,7 @@ DEFAULT_MAX_TOPICS = 0
 DEFAULT_MAX_OPEN_TOPICS = 0
 #: Microseconds a lone connection polls for its next call before it sleeps (luxun.thrift.server).
 DEFAULT_BUSY_POLL_US = 200
+DEFAULT_ASYNC_BATCH_US = 200
 #: The Kafka-protocol port (0: off, the default: the Thrift port is Kafka's usual 9092).
 DEFAULT_KAFKA_PORT = 0
 #: Partitions of a topic a Kafka client creates without saying (Kafka's num.partitions).
@@ -281,6 +283,10 @@ class BrokerConfig:
     #: After answering, a connection that has been the only one receiving polls its socket
     #: this long before it sleeps (0: never): see luxun.thrift.server, "Busy polling".
     busy_poll_us: int = field(default=DEFAULT_BUSY_POLL_US, metadata=_key("busy.poll.us", 0, 1_000_000, ours=True))
+    #: A lone connection streaming asyncProduce calls, whose last read emptied its
+    #: socket, waits this long before reading again (0: never): luxun.thrift.server,
+    #: "Batching a lone asyncProduce stream".
+    async_batch_us: int = field(default=DEFAULT_ASYNC_BATCH_US, metadata=_key("async.batch.us", 0, 100_000, ours=True))
     #: The Kafka-protocol port (0: off).
     kafka_port: int = field(default=DEFAULT_KAFKA_PORT, metadata=_key("kafka.port", 0, 65535, ours=True))
     #: The Kafka port's bind address ("" : the same as ``host``).
@@ -671,6 +677,7 @@ def _parse_value(f: dataclasses.Field[Any], raw: Any) -> Any:
 __all__ = [
     "DEFAULT_AUTO_CREATE_TOPICS",
     "DEFAULT_BROKER_ID",
+    "DEFAULT_ASYNC_BATCH_US",
     "DEFAULT_BUSY_POLL_US",
     "DEFAULT_CLEANUP_INTERVAL_MINS",
     "DEFAULT_DATA_DIR",

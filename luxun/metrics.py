@@ -119,6 +119,12 @@ _SERVER_FAMILIES: Final = (
         "busy_poll_hits",
     ),
     (
+        "luxun_async_batch_waits_total",
+        "counter",
+        "Times a lone connection streaming asyncProduce calls waited for more before reading (async.batch.us).",
+        "async_batch_waits",
+    ),
+    (
         "luxun_compiled_loop_calls_total",
         "counter",
         "Thrift calls (produce, one-item consume) answered by the compiled loop (luxun._netloop).",
@@ -153,6 +159,8 @@ class Metrics:
         #: times the call came while it polled.
         self.busy_polls = 0
         self.busy_poll_hits = 0
+        #: Times a lone connection streaming asyncProduce calls waited before its next read.
+        self.async_batch_waits = 0
         #: Calls answered by the compiled loop (luxun._netloop, through luxun.thrift.server).
         self.compiled_loop_calls = 0
         #: ... and of those, calls it served without the handler (QueueHandler.in_place_calls).

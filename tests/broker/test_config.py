@@ -215,7 +215,8 @@ def test_known_keys_are_designs_list_plus_ours() -> None:
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
         "max.transactional.ids",
     }
-    assert {"host", "metrics.host", "metrics.port", "busy.poll.us", *topic_keys, *kafka_keys} == OUR_KEYS
+    thrift_keys = {"busy.poll.us", "async.batch.us"}
+    assert {"host", "metrics.host", "metrics.port", *thrift_keys, *topic_keys, *kafka_keys} == OUR_KEYS
     assert KNOWN_KEYS == DESIGN_KEYS | OUR_KEYS
     assert UNUSED_KEYS <= JAVA_KEYS
 
