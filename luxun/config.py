@@ -36,7 +36,7 @@ key                                        field                         default
 ``max.topics`` (ours)                      ``max_topics``                0 (no limit)
 ``max.open.topics`` (ours)                 ``max_open_topics``           0 (sized from the limits)
 ``busy.poll.us`` (ours)                    ``busy_poll_us``              200 (0 = never)
-``async.batch.us`` (ours)                   ``async_batch_us``            200 (0 = never)
+``async.batch.us`` (ours)                  ``async_batch_us``            200 (0 = never)
 ``kafka.sasl.mechanisms`` (ours)           ``kafka_sasl_mechanisms``     none (SASL off)
 ``kafka.sasl.users.file`` (ours)           ``kafka_sasl_users_file``     none
 ``kafka.allow.unauthenticated`` (ours)     ``kafka_allow_unauthenticated`` false
@@ -150,6 +150,7 @@ DEFAULT_MAX_TOPICS = 0
 DEFAULT_MAX_OPEN_TOPICS = 0
 #: Microseconds a lone connection polls for its next call before it sleeps (luxun.thrift.server).
 DEFAULT_BUSY_POLL_US = 200
+#: Microseconds a lone connection streaming asyncProduce calls waits before its next read.
 DEFAULT_ASYNC_BATCH_US = 200
 #: The Kafka-protocol port (0: off, the default: the Thrift port is Kafka's usual 9092).
 DEFAULT_KAFKA_PORT = 0
@@ -675,9 +676,9 @@ def _parse_value(f: dataclasses.Field[Any], raw: Any) -> Any:
 
 
 __all__ = [
+    "DEFAULT_ASYNC_BATCH_US",
     "DEFAULT_AUTO_CREATE_TOPICS",
     "DEFAULT_BROKER_ID",
-    "DEFAULT_ASYNC_BATCH_US",
     "DEFAULT_BUSY_POLL_US",
     "DEFAULT_CLEANUP_INTERVAL_MINS",
     "DEFAULT_DATA_DIR",
