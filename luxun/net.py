@@ -130,6 +130,10 @@ class _Receiving:
         self.ident = 0
         self.since = 0.0
 
+    def alone(self, me: int, seconds: float) -> bool:
+        """Thread ``me`` has been the only one receiving for more than ``seconds``."""
+        return self.ident == me and time.monotonic() - self.since > seconds
+
     def note(self, me: int) -> None:
         # luxun/_netloop.c's receiving_note is its twin: keep them in step.
         if self.ident != me:

@@ -477,26 +477,24 @@ class ThriftServer(TcpServer):
             with memoryview(buf) as view:
                 n = -1
                 parks = shared is not None and start == end and frames is buf  # the shared loop polls
-                if poll_s and answered and receiving.ident == me and not parks:
+                if poll_s and answered and not parks and receiving.alone(me, _BUSY_POLL_QUIET_S):
                     now = time.monotonic()
-                    if now - receiving.since > _BUSY_POLL_QUIET_S:
-                        if not polled_since:
-                            polled_since = now
-                        if now - polled_since < _BUSY_POLL_RUN_S:
-                            conn.hold()
-                            n = self._busy_poll(sock, view[end:], poll_s)
-                            metrics.busy_polls += 1
-                            metrics.busy_poll_hits += n >= 0
-                            if n < 0:
-                                conn.idle()
+                    if not polled_since:
+                        polled_since = now
+                    if now - polled_since < _BUSY_POLL_RUN_S:
+                        conn.hold()
+                        n = self._busy_poll(sock, view[end:], poll_s)
+                        metrics.busy_polls += 1
+                        metrics.busy_poll_hits += n >= 0
+                        if n < 0:
+                            conn.idle()
                 if (
                     n < 0
                     and streaming
                     and drained
                     and start == end
                     and batch_s
-                    and receiving.ident == me
-                    and time.monotonic() - receiving.since > _BUSY_POLL_QUIET_S
+                    and receiving.alone(me, _BUSY_POLL_QUIET_S)
                 ):
                     # A lone client streaming oneway calls is not waiting for us: let its
                     # calls gather in the socket, then take them in one read (neither
