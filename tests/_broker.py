@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,14 @@ class BrokerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def metric(self, name: str) -> int:
+        """The value of the unlabelled metric ``name`` on the broker's /metrics page."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as page:
+            text = page.read().decode()
+        found = re.search(rf"^{name} (\d+)$", text, re.M)
+        assert found, name
+        return int(found.group(1))
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         assert self.proc is not None

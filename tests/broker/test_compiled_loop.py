@@ -72,14 +72,6 @@ def decode(body: bytes) -> tuple[str, int, Any]:
     return name, seqid, result.success
 
 
-def metric(broker: Any, name: str) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
-        text = page.read().decode()
-    found = re.search(rf"^{name} (\d+)$", text, re.M)
-    assert found, name
-    return int(found.group(1))
-
-
 def counters(broker: Any, name: str) -> dict[str, int]:
     """Every sample of metric ``name``, by its labels."""
     with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
@@ -197,14 +189,14 @@ def test_both_loops_answer_every_call_with_the_same_bytes(both_brokers: Any, loo
     # handler (bigarray._fastpath: produces 11, 12 and 52, consume 32, and consume 50 unless
     # the Python loop read it right behind the asyncProduce batch, after its wait:
     # async.batch.us); the Python loop none.
-    in_place = metric(compiled, "luxun_compiled_loop_in_place_total")
+    in_place = compiled.metric("luxun_compiled_loop_in_place_total")
     assert in_place >= 4
     if shared:  # the shared loop serves only in place: the rest goes to the connection's thread
-        assert metric(compiled, "luxun_compiled_loop_calls_total") == in_place
+        assert compiled.metric("luxun_compiled_loop_calls_total") == in_place
     else:  # ... a connection's own compiled loop calls the handler too (produce 10, consumes 30, 31)
-        assert metric(compiled, "luxun_compiled_loop_calls_total") >= in_place + 3
-    assert metric(python, "luxun_compiled_loop_calls_total") == 0
-    assert metric(python, "luxun_compiled_loop_in_place_total") == 0
+        assert compiled.metric("luxun_compiled_loop_calls_total") >= in_place + 3
+    assert python.metric("luxun_compiled_loop_calls_total") == 0
+    assert python.metric("luxun_compiled_loop_in_place_total") == 0
     # ... and counted them as the handler does: the topic's stats, the calls by method.
     for name in ("luxun_topic_items_in_total", "luxun_topic_bytes_in_total", "luxun_topic_items_out_total",
                  "luxun_topic_bytes_out_total", "luxun_requests_total",
@@ -232,7 +224,7 @@ def test_a_produce_appended_in_place_wakes_a_long_poll(both_brokers: Any) -> Non
         for i in range(2):  # the first creates the topic; then the array's fast room is armed
             sock.sendall(call_frame("produce", "w", b"x%d" % i, seqid=i))
             assert decode(read_frame(sock))[2].index == i
-        before = metric(broker, "luxun_compiled_loop_in_place_total")
+        before = broker.metric("luxun_compiled_loop_in_place_total")
         got: list[Any] = []
         waiter = broker.client()
 
@@ -248,7 +240,7 @@ def test_a_produce_appended_in_place_wakes_a_long_poll(both_brokers: Any) -> Non
         assert decode(read_frame(sock))[2].index == 2
         thread.join(30)
         waiter.close()
-    assert metric(broker, "luxun_compiled_loop_in_place_total") == before + 1  # appended in place
+    assert broker.metric("luxun_compiled_loop_in_place_total") == before + 1  # appended in place
     assert got, "the waiting consume failed"
     assert got[1] < 4, f"the waiting consume answered after {got[1]:.1f} s: not woken by the append"
     assert got[0].itemList == [b"woken"]
@@ -289,7 +281,7 @@ def test_many_connections_share_the_loop(both_brokers: Any) -> None:
     assert all(produced[k] == list(range(rounds)) for k in range(clients))
     size = broker.client()
     assert size.getSize(T.GetSizeRequest(topic="shared")).size == clients * rounds
-    assert metric(broker, "luxun_compiled_loop_in_place_total") >= clients * rounds * 3
+    assert broker.metric("luxun_compiled_loop_in_place_total") >= clients * rounds * 3
     # A client that goes away while its connection is parked: the rest goes on.
     gone = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
     gone.sendall(call_frame("produce", "shared", b"last", seqid=1))
