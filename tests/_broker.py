@@ -133,13 +133,17 @@ class BrokerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def metric(self, name: str) -> int:
-        """The value of the unlabelled metric ``name`` on the broker's /metrics page."""
+    def metrics_page(self) -> str:
+        """The broker's /metrics page (started with ``metrics=True``)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as page:
-            text = page.read().decode()
-        found = re.search(rf"^{name} (\d+)$", text, re.M)
-        assert found, name
-        return int(found.group(1))
+            text: str = page.read().decode()
+        return text
+
+    def metric(self, name: str) -> float:
+        """The value of the unlabelled metric ``name`` on the broker's /metrics page."""
+        found = re.search(rf"^{name} (\S+)$", self.metrics_page(), re.M)
+        assert found, f"{name} is not on the metrics page"
+        return float(found.group(1))
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         assert self.proc is not None

@@ -22,7 +22,7 @@ ITEMS = 3000
 
 
 def waits(broker: Any) -> int:
-    return broker.metric("luxun_async_batch_waits_total")
+    return int(broker.metric("luxun_async_batch_waits_total"))
 
 
 def start(broker_factory: Any, tmp_path: Path, batch_us: int) -> Any:

@@ -8,7 +8,6 @@ import random
 import socket
 import struct
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +96,7 @@ def test_async_batch_keeps_order_refuses_only_the_oversized_item(small_broker: A
     assert items == [b"a1", b"a2", b"a3", b"a4", b"a5"]
     assert client.consume(T.ConsumeRequest(topic="b", startIndex=0, maxFetchSize=1 << 20)).itemList == [b"b1"]
     client.close()
-    with urllib.request.urlopen(f"http://127.0.0.1:{small_broker.metrics_port}/metrics", timeout=10) as page:
-        text = page.read().decode()
+    text = small_broker.metrics_page()
     assert 'luxun_requests_total{method="asyncProduce"} 7' in text
     assert 'luxun_request_errors_total{method="asyncProduce",code="MESSAGE_SIZE_TOO_LARGE"} 1' in text
     assert 'luxun_request_errors_total{method="asyncProduce",code="INVALID_TOPIC"} 1' in text
@@ -160,8 +158,7 @@ def test_an_item_bigger_than_the_data_page_fails_alone(broker_factory: Any, tmp_
         b"s3",
     ]
     client.close()
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
-        text = page.read().decode()
+    text = broker.metrics_page()
     assert 'luxun_request_errors_total{method="asyncProduce",code="MESSAGE_SIZE_TOO_LARGE"} 1' in text
     assert 'luxun_requests_total{method="asyncProduce"} 3' in text
 

@@ -177,16 +177,6 @@ def test_fetch_max_bytes_caps_every_answer(tmp_path: Path) -> None:
         broker.stop()
 
 
-def _metric(broker: BrokerProcess, name: str) -> float:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
-        for line in page.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} is not on the metrics page")
-
-
 def test_clients_that_never_read_hold_at_most_the_output_budget(tmp_path: Path) -> None:
     """Six connections pipeline Fetches of 1 MiB and never read (a 4 KiB receive window):
     the answers the broker holds for them stay within kafka.fetch.buffer.bytes (2 MiB) and
@@ -218,21 +208,21 @@ def test_clients_that_never_read_hold_at_most_the_output_budget(tmp_path: Path) 
             s.sendall(b"".join(encode_request(fetch, k) for k in range(40)))
             stuck.append(s)
         deadline = time.monotonic() + 15
-        while _metric(broker, "luxun_output_buffer_short_total") == 0 and time.monotonic() < deadline:
+        while broker.metric("luxun_output_buffer_short_total") == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _metric(broker, "luxun_output_buffer_short_total") > 0, "the budget was never spent"
-        assert _metric(broker, "luxun_output_buffer_bytes") <= 2 * MiB + 6 * len(batch)
+        assert broker.metric("luxun_output_buffer_short_total") > 0, "the budget was never spent"
+        assert broker.metric("luxun_output_buffer_bytes") <= 2 * MiB + 6 * len(batch)
         got = read_partition(broker.bootstrap, "unread", 0, 4000)
         assert [m.offset() for m in got] == list(range(4000))
-        assert _metric(broker, "luxun_output_buffer_bytes") <= 2 * MiB + 6 * len(batch)
+        assert broker.metric("luxun_output_buffer_bytes") <= 2 * MiB + 6 * len(batch)
     finally:
         for s in stuck:
             s.close()
     try:
         deadline = time.monotonic() + 15
-        while _metric(broker, "luxun_output_buffer_bytes") > 0 and time.monotonic() < deadline:
+        while broker.metric("luxun_output_buffer_bytes") > 0 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _metric(broker, "luxun_output_buffer_bytes") == 0
+        assert broker.metric("luxun_output_buffer_bytes") == 0
         assert "Traceback" not in broker.log()
     finally:
         broker.stop()

@@ -427,9 +427,7 @@ def test_broker_stop_answers_a_waiting_join_group(tmp_path: Path) -> None:
         b.send(11, 5, group_id="held", session_timeout=30_000, rebalance_timeout=60_000, member_id=b_id,
                protocol_type="consumer", protocols=[{"name": "range", "metadata": b""}])  # fmt: skip
         time.sleep(0.5)  # b's JoinGroup now waits for a to rejoin (up to 60 s)
-        import urllib.request
-
-        page = urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10).read().decode()
+        page = broker.metrics_page()
         assert 'luxun_kafka_groups{state="PreparingRebalance"} 1' in page
         assert "luxun_kafka_group_rebalances_total 1" in page
         t0 = time.monotonic()

@@ -13,7 +13,6 @@ import os
 import re
 import resource
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,8 +67,7 @@ def stopped() -> Iterator[list[BrokerProcess]]:
 
 def metrics(broker: BrokerProcess) -> dict[str, float]:
     """The broker's unlabelled metrics, plus its Fetch requests as ``fetches``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = broker.metrics_page()
     out = {"fetches": 0.0}
     for name, labels, value in _METRIC.findall(text):
         if not labels:

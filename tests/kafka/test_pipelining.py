@@ -8,7 +8,6 @@ import re
 import socket
 import struct
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -124,7 +123,7 @@ def test_a_run_of_produce_requests_is_answered_as_one_by_one(tmp_path: Path) -> 
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", kafka=True, metrics=True).start()
     try:
         run_requests(broker)
-        text = urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=5).read().decode()
+        text = broker.metrics_page()
     finally:
         broker.stop()
     counted = dict(re.findall(r'^luxun_kafka_requests_total\{api_key="0",version="(\d+)"\} (\d+)$', text, re.MULTILINE))
