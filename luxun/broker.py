@@ -230,6 +230,7 @@ class Broker:
                 metrics=self.metrics,
                 busy_poll_us=config.busy_poll_us,
                 async_batch_us=config.async_batch_us,
+                follow_client_cpu=config.follow_client_cpu,
             )
             self.handler.await_earlier_input = self.server.await_earlier_input
             log.info("Thrift door: %s", self.server.loop_text)

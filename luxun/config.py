@@ -37,6 +37,7 @@ key                                        field                         default
 ``max.open.topics`` (ours)                 ``max_open_topics``           0 (sized from the limits)
 ``busy.poll.us`` (ours)                    ``busy_poll_us``              200 (0 = never)
 ``async.batch.us`` (ours)                  ``async_batch_us``            200 (0 = never)
+``follow.client.cpu`` (ours)               ``follow_client_cpu``         true
 ``kafka.sasl.mechanisms`` (ours)           ``kafka_sasl_mechanisms``     none (SASL off)
 ``kafka.sasl.users.file`` (ours)           ``kafka_sasl_users_file``     none
 ``kafka.allow.unauthenticated`` (ours)     ``kafka_allow_unauthenticated`` false
@@ -152,6 +153,9 @@ DEFAULT_MAX_OPEN_TOPICS = 0
 DEFAULT_BUSY_POLL_US = 200
 #: Microseconds a lone connection streaming asyncProduce calls waits before its next read.
 DEFAULT_ASYNC_BATCH_US = 200
+#: A lone Thrift connection's calls are served on the CPU its client sends from (instead
+#: of busy polling): luxun.thrift.server, "Following the client's CPU".
+DEFAULT_FOLLOW_CLIENT_CPU = True
 #: The Kafka-protocol port (0: off, the default: the Thrift port is Kafka's usual 9092).
 DEFAULT_KAFKA_PORT = 0
 #: Partitions of a topic a Kafka client creates without saying (Kafka's num.partitions).
@@ -288,6 +292,10 @@ class BrokerConfig:
     #: socket, waits this long before reading again (0: never): luxun.thrift.server,
     #: "Batching a lone asyncProduce stream".
     async_batch_us: int = field(default=DEFAULT_ASYNC_BATCH_US, metadata=_key("async.batch.us", 0, 100_000, ours=True))
+    #: After answering a connection that has been the only one receiving, move to the CPU
+    #: its client sends from and sleep there instead of busy polling (false: poll):
+    #: luxun.thrift.server, "Following the client's CPU".
+    follow_client_cpu: bool = field(default=DEFAULT_FOLLOW_CLIENT_CPU, metadata=_key("follow.client.cpu", ours=True))
     #: The Kafka-protocol port (0: off).
     kafka_port: int = field(default=DEFAULT_KAFKA_PORT, metadata=_key("kafka.port", 0, 65535, ours=True))
     #: The Kafka port's bind address ("" : the same as ``host``).
@@ -544,7 +552,13 @@ KAFKA_AUTHORIZERS = frozenset(
 )
 _MAP_FIELDS = frozenset({"topic_flush_intervals_ms", "topic_retention_hours"})
 _BOOL_FIELDS = frozenset(
-    {"auto_create_topics", "delete_topic_enable", "kafka_allow_unauthenticated", "kafka_allow_everyone_if_no_acl_found"}
+    {
+        "auto_create_topics",
+        "delete_topic_enable",
+        "follow_client_cpu",
+        "kafka_allow_unauthenticated",
+        "kafka_allow_everyone_if_no_acl_found",
+    }
 )
 _MECHANISM_FIELDS = frozenset({"kafka_sasl_mechanisms"})
 
@@ -686,6 +700,7 @@ __all__ = [
     "DEFAULT_FLUSH_COUNT",
     "DEFAULT_FLUSH_INTERVAL_MS",
     "DEFAULT_FLUSH_SCHEDULER_INTERVAL_MS",
+    "DEFAULT_FOLLOW_CLIENT_CPU",
     "DEFAULT_HOST",
     "DEFAULT_KAFKA_ALLOW_UNAUTHENTICATED",
     "DEFAULT_MAX_MESSAGE_SIZE_BYTES",

@@ -125,6 +125,12 @@ _SERVER_FAMILIES: Final = (
         "async_batch_waits",
     ),
     (
+        "luxun_cpu_follows_total",
+        "counter",
+        "Times the Thrift loop moved to the CPU a lone client's calls came in on (follow.client.cpu).",
+        "cpu_follows",
+    ),
+    (
         "luxun_compiled_loop_calls_total",
         "counter",
         "Thrift calls (produce, one-item consume) answered by the compiled loop (luxun._netloop).",
@@ -161,6 +167,8 @@ class Metrics:
         self.busy_poll_hits = 0
         #: Times a lone connection streaming asyncProduce calls waited before its next read.
         self.async_batch_waits = 0
+        #: Times the shared loop moved to the CPU a lone client's calls came in on (follow.client.cpu).
+        self.cpu_follows = 0
         #: Calls answered by the compiled loop (luxun._netloop, through luxun.thrift.server).
         self.compiled_loop_calls = 0
         #: ... and of those, calls it served without the handler (QueueHandler.in_place_calls).

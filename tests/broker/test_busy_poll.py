@@ -7,10 +7,8 @@ loop arrive while the broker polls, however slow the machine."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +24,12 @@ CALLS = 200
 
 def polls(broker: Any) -> tuple[int, int]:
     """(luxun_busy_polls_total, luxun_busy_poll_hits_total)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
-        text = page.read().decode()
-    found = dict(re.findall(r"^(luxun_busy_poll\w*_total) (\d+)$", text, re.M))
-    return int(found["luxun_busy_polls_total"]), int(found["luxun_busy_poll_hits_total"])
+    return int(broker.metric("luxun_busy_polls_total")), int(broker.metric("luxun_busy_poll_hits_total"))
 
 
 def start(broker_factory: Any, tmp_path: Path, poll_us: int) -> Any:
     config = tmp_path / f"busy{poll_us}.properties"
-    config.write_text(f"busy.poll.us={poll_us}\n")
+    config.write_text(f"busy.poll.us={poll_us}\nfollow.client.cpu=false\n")  # polls, not moves (test_follow_cpu)
     return broker_factory("--config", str(config), metrics=True)
 
 

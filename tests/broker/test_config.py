@@ -215,7 +215,7 @@ def test_known_keys_are_designs_list_plus_ours() -> None:
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
         "max.transactional.ids",
     }
-    thrift_keys = {"busy.poll.us", "async.batch.us"}
+    thrift_keys = {"busy.poll.us", "async.batch.us", "follow.client.cpu"}
     assert {"host", "metrics.host", "metrics.port", *thrift_keys, *topic_keys, *kafka_keys} == OUR_KEYS
     assert KNOWN_KEYS == DESIGN_KEYS | OUR_KEYS
     assert UNUSED_KEYS <= JAVA_KEYS
