@@ -982,28 +982,26 @@ static PyObject *loop_run(LoopObject *lp, PyObject *noargs) {
     int follow = lp->follow && sched_getaffinity(0, sizeof lp->allowed, &lp->allowed) == 0 && CPU_COUNT(&lp->allowed) > 1;
     while (!lp->stopping) {
         int k = -1;
-        int followed = follow && last != NULL && g_ident == last->me && mono_ns() - g_since > QUIET_NS
-                           ? follow_client(lp, last->fd)
-                           : 0;
+        /* The connection served last has been the only one receiving for QUIET_NS. */
+        long long now = last != NULL && g_ident == last->me ? mono_ns() : 0;
+        int lone = now && now - g_since > QUIET_NS;
+        int followed = follow && lone ? follow_client(lp, last->fd) : 0;
         if (followed < 0) break;
         if (!followed) unpin(lp);
-        if (!followed && last != NULL && lp->poll_ns > 0 && g_ident == last->me) {
-            long long now = mono_ns();
-            if (now - g_since > QUIET_NS) {
-                if (!polled_since) polled_since = now;
-                if (now - polled_since < RUN_NS) {
-                    unsigned long me = last->me;
-                    long long poll_ns = lp->poll_ns;
-                    Py_BEGIN_ALLOW_THREADS
-                    long long deadline = mono_ns() + poll_ns;
-                    do {
-                        k = epoll_wait(lp->ep, evs, 64, 0);
-                    } while (k == 0 && __atomic_load_n(&g_ident, __ATOMIC_RELAXED) == me && mono_ns() < deadline);
-                    Py_END_ALLOW_THREADS
-                    if (k <= 0) k = -1;
-                    if (add_to(lp->metrics, s_busy_polls, 1) < 0 || add_to(lp->metrics, s_busy_poll_hits, k > 0) < 0)
-                        break;
-                }
+        if (!followed && lone && lp->poll_ns > 0) {
+            if (!polled_since) polled_since = now;
+            if (now - polled_since < RUN_NS) {
+                unsigned long me = last->me;
+                long long poll_ns = lp->poll_ns;
+                Py_BEGIN_ALLOW_THREADS
+                long long deadline = mono_ns() + poll_ns;
+                do {
+                    k = epoll_wait(lp->ep, evs, 64, 0);
+                } while (k == 0 && __atomic_load_n(&g_ident, __ATOMIC_RELAXED) == me && mono_ns() < deadline);
+                Py_END_ALLOW_THREADS
+                if (k <= 0) k = -1;
+                if (add_to(lp->metrics, s_busy_polls, 1) < 0 || add_to(lp->metrics, s_busy_poll_hits, k > 0) < 0)
+                    break;
             }
         }
         if (k < 0) {

@@ -12,7 +12,6 @@ import socket
 import struct
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,9 +73,7 @@ def decode(body: bytes) -> tuple[str, int, Any]:
 
 def counters(broker: Any, name: str) -> dict[str, int]:
     """Every sample of metric ``name``, by its labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as page:
-        text = page.read().decode()
-    found = dict(re.findall(rf"^{name}(\{{[^}}]*\}}) (\d+)$", text, re.M))
+    found = dict(re.findall(rf"^{name}(\{{[^}}]*\}}) (\d+)$", broker.metrics_page(), re.M))
     assert found, name
     return {labels: int(value) for labels, value in found.items()}
 
